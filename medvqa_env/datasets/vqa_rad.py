@@ -1,0 +1,65 @@
+"""VQA-RAD (Lau et al. 2018), from its distributed JSON (``trainset.json`` / ``testset.json`` as
+split by MEVF, with ``images/``) or from a ``qa.jsonl`` manifest.
+
+``root`` defaults to ``$MEDVQA_VQA_RAD`` or ``../shared/data/vqa_rad`` relative to the working
+directory. All VQA-RAD images are radiographs, CTs or MRIs; ``organ`` is HEAD, CHEST or ABD.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from medvqa_env.datasets.jsonl import check_image_files, infer_answer_type
+from medvqa_env.errors import DatasetError
+from medvqa_env.records import AnswerType, VQADataset, VQARecord
+
+SPLIT_FILES = {"train": "trainset.json", "test": "testset.json"}
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("MEDVQA_VQA_RAD", "../shared/data/vqa_rad"))
+
+
+def load_vqa_rad(split: str = "test", root: str | Path | None = None, limit: int | None = None,
+                 answer_types: tuple[str, ...] | None = None) -> VQADataset:
+    root = Path(root) if root else default_root()
+    if split not in SPLIT_FILES:
+        raise DatasetError(f"VQA-RAD splits are {sorted(SPLIT_FILES)}, got {split!r}")
+    candidates = [root / "source" / SPLIT_FILES[split], root / SPLIT_FILES[split]]
+    manifest = next((p for p in candidates if p.is_file()), None)
+    if manifest is None:
+        raise DatasetError(f"VQA-RAD {split} file not found; looked for {[str(c) for c in candidates]}")
+    image_dir = root / "images"
+    try:
+        rows = json.loads(manifest.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{manifest}: invalid JSON: {e.msg} (line {e.lineno})") from None
+    records = []
+    wanted = {AnswerType.parse(t) for t in answer_types} if answer_types else None
+    for i, row in enumerate(rows):
+        try:
+            answer = str(row["answer"]).strip()
+            kind = AnswerType.parse(row["answer_type"]) if row.get("answer_type") else infer_answer_type(answer, {})
+            if wanted and kind not in wanted:
+                continue
+            records.append(VQARecord(
+                id=f"vqarad_{split}_{row['qid']}",
+                image_paths=(str(image_dir / row["image_name"]),),
+                question=str(row["question"]).strip(),
+                answer=answer,
+                answer_type=kind,
+                dataset="vqa_rad",
+                split=split,
+                modality=None,
+                organ=str(row.get("image_organ", "")).strip().upper() or None,
+                question_type=row.get("question_type"),
+                metadata={"phrase_type": row.get("phrase_type"), "source_qid": row["qid"]},
+            ))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"{manifest}: entry {i}: {type(e).__name__}: {e}") from None
+        if limit is not None and len(records) >= limit:
+            break
+    check_image_files(records, str(manifest))
+    return VQADataset(records, name="vqa_rad")

@@ -1,0 +1,142 @@
+"""The reward contract: a batch of samples in, one :class:`RewardOutput` per sample out.
+
+The env calls a reward at the answer step with a batch of one; trainers and the evaluation call
+the same objects with whole batches (GRPO groups), which is where batching pays.
+
+>>> from medvqa_env.records import AnswerType
+>>> class Exact(RewardFunction):
+...     name = "exact"
+...     def __call__(self, batch):
+...         return [RewardOutput(float(s.answer == s.ground_truth), {"exact": float(s.answer == s.ground_truth)})
+...                 for s in batch]
+>>> Exact().score(RewardInput(completion=r"\\boxed{yes}", answer="yes", ground_truth="yes",
+...                           answer_type=AnswerType.CLOSED)).total
+1.0
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from medvqa_env.errors import ConfigError
+from medvqa_env.records import AnswerType
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """One scored sample.
+
+    ``completion`` is the final turn as the model wrote it; ``answer`` is the parsed final answer
+    (``None`` if there was none); ``format_ok`` is the parser's verdict (exactly one final answer,
+    no format errors). ``metadata`` carries what richer rewards need: ``record_id``, ``modality``,
+    ``question``, ``tool_calls`` (list of dicts with ``name``, ``arguments``, ``data``, ``error``),
+    ``annotations`` (dict), ``trajectory`` (all turns' text), ``image_paths``.
+    """
+
+    completion: str
+    answer: str | None
+    ground_truth: str
+    answer_type: AnswerType
+    options: Mapping[str, str] = field(default_factory=dict)
+    format_ok: bool = True
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardOutput:
+    """A total and its named parts (logged as ``reward/<name>``). ``None`` total = abstain."""
+
+    total: float | None
+    components: Mapping[str, float] = field(default_factory=dict)
+
+
+class RewardFunction(abc.ABC):
+    """Batch reward. Subclasses implement ``__call__``; stateful ones (adaptive thresholds)
+    also implement ``state_dict``/``load_state_dict`` so the state survives checkpoints."""
+
+    name: str = "reward"
+
+    @abc.abstractmethod
+    def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
+        ...
+
+    def score(self, sample: RewardInput) -> RewardOutput:
+        return self([sample])[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class ByAnswerType(RewardFunction):
+    """Routes each sample to the reward for its answer type (CLOSED, MCQ, OPEN), batching per type."""
+
+    name = "by_answer_type"
+
+    def __init__(self, closed: RewardFunction, mcq: RewardFunction, open: RewardFunction) -> None:
+        self.routes = {AnswerType.CLOSED: closed, AnswerType.MCQ: mcq, AnswerType.OPEN: open}
+
+    def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
+        out: list[RewardOutput | None] = [None] * len(batch)
+        for kind, fn in self.routes.items():
+            idx = [i for i, s in enumerate(batch) if s.answer_type is kind]
+            if idx:
+                for i, r in zip(idx, fn([batch[i] for i in idx])):
+                    out[i] = r
+        return out  # type: ignore[return-value]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k.value: fn.state_dict() for k, fn in self.routes.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for k, fn in self.routes.items():
+            if k.value in state:
+                fn.load_state_dict(state[k.value])
+
+
+class WeightedSum(RewardFunction):
+    """``total = sum(w_i * r_i)`` over rewards that do not abstain (TRL-style weighted nansum).
+
+    Each part's total is also reported as a component under the part's name.
+    """
+
+    name = "weighted_sum"
+
+    def __init__(self, parts: Mapping[str, tuple[RewardFunction, float]] | Sequence[tuple[RewardFunction, float]]) -> None:
+        items = parts.items() if isinstance(parts, Mapping) else [(fn.name, (fn, w)) for fn, w in parts]
+        self.parts = {name: (fn, float(w)) for name, (fn, w) in items}
+        if not self.parts:
+            raise ConfigError("WeightedSum needs at least one reward")
+
+    def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
+        results = {name: fn(batch) for name, (fn, _) in self.parts.items()}
+        out = []
+        for i in range(len(batch)):
+            total, any_vote, comps = 0.0, False, {}
+            for name, (_, w) in self.parts.items():
+                r = results[name][i]
+                for k, v in r.components.items():
+                    comps[k if k.startswith(name) else f"{name}/{k}"] = v
+                if r.total is not None and not math.isnan(r.total):
+                    comps[name] = r.total
+                    total += w * r.total
+                    any_vote = True
+            out.append(RewardOutput(total if any_vote else None, comps))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: fn.state_dict() for name, (fn, _) in self.parts.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, (fn, _) in self.parts.items():
+            if name in state:
+                fn.load_state_dict(state[name])
+
+
+def with_answer(sample: RewardInput, answer: str | None) -> RewardInput:
+    return replace(sample, answer=answer)

@@ -1,0 +1,208 @@
+"""The tool contract: what every tool is, whatever runs it (in-process model, classical code,
+oracle, or a server on another machine).
+
+A tool has a :class:`ToolSpec` (name, description, OpenAI-function JSON schema: the same schema goes
+into the env's system prompt and into chat templates' ``tools=``) and a :meth:`Tool.run` that takes
+the episode's images plus validated arguments and returns a :class:`ToolResult`.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from PIL import Image
+
+from medvqa_env.errors import ToolError
+from medvqa_env.records import Annotations
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """Name, description and JSON schema (``{"type": "object", "properties": ..., "required": ...}``)."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The OpenAI function-tool form used by chat templates (``tools=[...]``)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
+
+
+@dataclass
+class ToolResult:
+    """What a tool returns.
+
+    ``text`` is what the model reads. ``images`` are new images (a crop, an overlay) the env appends
+    to the episode. ``data`` is JSON-serialisable structure for render, rewards and logs, with these
+    conventional keys: ``region`` ([x0, y0, x1, y1] pixels of the source image the tool looked at),
+    ``boxes`` (list of {"bbox", "label", "score"}), ``mask_rle`` (see :func:`mask_to_rle`),
+    ``scores`` ({label: probability}), ``image_index`` (source image). ``error`` is set when the
+    tool refused or failed; ``text`` then explains why.
+    """
+
+    text: str
+    images: list[Image.Image] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def failure(cls, message: str) -> "ToolResult":
+        return cls(text=f"Error: {message}", error=message)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Per-episode facts a tool may use. Only oracle engines read ``annotations``."""
+
+    record_id: str | None = None
+    dataset: str | None = None
+    annotations: Annotations = field(default_factory=Annotations)
+    question: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"record_id": self.record_id, "dataset": self.dataset,
+                "annotations": self.annotations.to_dict(), "question": self.question}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "ToolContext":
+        data = data or {}
+        return cls(record_id=data.get("record_id"), dataset=data.get("dataset"),
+                   annotations=Annotations.from_dict(data.get("annotations")), question=data.get("question"))
+
+
+class Tool(abc.ABC):
+    """Subclasses set ``spec`` and implement :meth:`run`; :meth:`__call__` validates first."""
+
+    spec: ToolSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __call__(self, images: Sequence[Image.Image], arguments: Mapping[str, Any],
+                 context: ToolContext | None = None) -> ToolResult:
+        """Validate ``arguments`` against the schema, then run. Never raises for bad arguments."""
+        try:
+            args = validate_arguments(self.spec, arguments)
+            return self.run(images, args, context or ToolContext())
+        except ToolError as e:
+            return ToolResult.failure(str(e))
+
+    @abc.abstractmethod
+    def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        """Run on validated arguments. Raise :class:`ToolError` with a model-readable message."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument validation: a small JSON-schema subset with messages written for the model.
+# ----------------------------------------------------------------------------------------------
+_JSON_TYPES = {"number": (int, float), "integer": (int,), "string": (str,), "boolean": (bool,),
+               "array": (list, tuple), "object": (dict,)}
+
+
+def _check(value: Any, schema: Mapping[str, Any], where: str) -> Any:
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        ok = False
+        for k in kinds:
+            py = _JSON_TYPES.get(k, ())
+            if isinstance(value, bool) and k in ("number", "integer"):
+                continue
+            if isinstance(value, py):
+                ok = True
+                break
+            if k == "integer" and isinstance(value, float) and value.is_integer():
+                value, ok = int(value), True
+                break
+        if not ok:
+            raise ToolError(f"{where} must be {' or '.join(kinds)}, got {_short(value)}.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ToolError(f"{where} must be a finite number, got {value}.")
+    if "enum" in schema and value not in schema["enum"]:
+        raise ToolError(f"{where} must be one of {list(schema['enum'])}, got {_short(value)}.")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise ToolError(f"{where} must be >= {schema['minimum']}, got {value}.")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise ToolError(f"{where} must be <= {schema['maximum']}, got {value}.")
+    if isinstance(value, str) and "maxLength" in schema and len(value) > schema["maxLength"]:
+        raise ToolError(f"{where} must be at most {schema['maxLength']} characters, got {len(value)}.")
+    if isinstance(value, (list, tuple)):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            raise ToolError(f"{where} needs at least {schema['minItems']} items, got {len(value)}.")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise ToolError(f"{where} takes at most {schema['maxItems']} items, got {len(value)}.")
+        if "items" in schema:
+            value = [_check(v, schema["items"], f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict) and schema.get("type") == "object":
+        value = _check_object(value, schema, where)
+    return value
+
+
+def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], where: str) -> dict[str, Any]:
+    props = schema.get("properties", {})
+    out: dict[str, Any] = {}
+    for key in schema.get("required", ()):
+        if key not in value:
+            raise ToolError(f"Missing required argument {key!r} for {where}.")
+    for key, v in value.items():
+        if key not in props:
+            if schema.get("additionalProperties", False) is False:
+                raise ToolError(f"Unknown argument {key!r} for {where}. Allowed: {sorted(props)}.")
+            out[key] = v
+            continue
+        out[key] = _check(v, props[key], f"Argument {key!r}")
+    for key, sub in props.items():
+        if key not in out and "default" in sub:
+            out[key] = sub["default"]
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    s = repr(value)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def validate_arguments(spec: ToolSpec, arguments: Any) -> dict[str, Any]:
+    """Check ``arguments`` against ``spec.parameters``; fill defaults; raise :class:`ToolError`."""
+    if not isinstance(arguments, Mapping):
+        raise ToolError(f"Arguments of {spec.name!r} must be a JSON object, got {_short(arguments)}.")
+    return _check_object(arguments, spec.parameters, spec.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared helpers for tools.
+# ----------------------------------------------------------------------------------------------
+def image_digest(image: Image.Image) -> str:
+    """A content hash of an image, memoised on the image (the cache key's image part)."""
+    cached = image.info.get("medvqa_digest")
+    if cached:
+        return cached
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{image.mode}:{image.size}".encode())
+    h.update(image.tobytes())
+    digest = h.hexdigest()
+    image.info["medvqa_digest"] = digest
+    return digest
+
+
+def pick_image(images: Sequence[Image.Image], index: int) -> Image.Image:
+    """The episode image at ``index`` (negative counts from the end), or a clear ToolError."""
+    if not images:
+        raise ToolError("There is no image in this episode.")
+    if not -len(images) <= index < len(images):
+        raise ToolError(f"image_index {index} is out of range: this episode has images 0..{len(images) - 1}.")
+    return images[index]

@@ -1,0 +1,216 @@
+"""The toolbox: the env's one entry point to tools, whichever backend runs each of them.
+
+A :class:`Toolbox` maps tool names to backends (in-process or remote), validates nothing itself
+(tools do), turns every failure into a :class:`ToolResult` the model can read, times each call,
+and caches deterministic results so the n copies of a GRPO group that make the same call pay once.
+
+>>> box = Toolbox.from_config({"image_zoom_in": "local"})
+>>> box.names
+['image_zoom_in']
+>>> from medvqa_env.parser import ToolCall
+>>> box.call(ToolCall("zoom", {}), images=[]).result.text
+"Error: Unknown tool 'zoom'. Available: ['image_zoom_in']. Did you mean 'image_zoom_in'?"
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+from PIL import Image
+
+from medvqa_env.errors import ConfigError, ToolBackendError, ToolError, unknown_name_message
+from medvqa_env.parser import ToolCall
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, image_digest
+from tool_backends.registry import build_tool
+
+log = logging.getLogger(__name__)
+
+
+class ToolBackend(Protocol):
+    """Anything that can list tool specs and run a named tool (in-process or over HTTP)."""
+
+    def specs(self) -> list[ToolSpec]: ...
+
+    def call(self, name: str, images: Sequence[Image.Image], arguments: Mapping[str, Any],
+             context: ToolContext) -> ToolResult: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """Runs :class:`Tool` objects in this process."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self.tools = {t.name: t for t in tools}
+
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self.tools.values()]
+
+    def call(self, name: str, images: Sequence[Image.Image], arguments: Mapping[str, Any],
+             context: ToolContext) -> ToolResult:
+        return self.tools[name](images, arguments, context)
+
+    def close(self) -> None:
+        for t in self.tools.values():
+            close = getattr(t, "close", None)
+            if close:
+                close()
+
+
+@dataclass
+class ToolCallRecord:
+    """One dispatched call: what was asked, what came back, how long it took, whether cached."""
+
+    name: str
+    arguments: dict[str, Any]
+    result: ToolResult
+    latency_s: float
+    cached: bool = False
+
+    @property
+    def error(self) -> str | None:
+        return self.result.error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments, "text": self.result.text,
+                "error": self.result.error, "data": self.result.data, "latency_s": self.latency_s,
+                "cached": self.cached, "n_images": len(self.result.images)}
+
+
+class ToolCache:
+    """A thread-safe in-memory LRU of tool results keyed by (tool, arguments, image, record)."""
+
+    def __init__(self, max_entries: int = 2048) -> None:
+        self.max_entries = int(max_entries)
+        self._data: OrderedDict[str, ToolResult] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> ToolResult | None:
+        with self._lock:
+            result = self._data.get(key)
+            if result is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.hits += 1
+            return result
+
+    def put(self, key: str, result: ToolResult) -> None:
+        with self._lock:
+            self._data[key] = result
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getstate__(self):  # locks do not pickle; a copied env starts with an empty cache
+        return {"max_entries": self.max_entries}
+
+    def __setstate__(self, state):
+        self.__init__(state["max_entries"])
+
+
+def cache_key(name: str, arguments: Mapping[str, Any], images: Sequence[Image.Image],
+              context: ToolContext) -> str | None:
+    """Key on the one image the call targets (``image_index``), so unrelated crops don't matter."""
+    index = arguments.get("image_index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or not -len(images) <= index < len(images):
+        return None
+    try:
+        args = json.dumps(arguments, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return f"{name}|{args}|{image_digest(images[index])}|{context.record_id}"
+
+
+class Toolbox:
+    """Dispatches tool calls by name to their backends. See the module docstring."""
+
+    def __init__(self, backends: Mapping[str, ToolBackend], cache: ToolCache | None = None) -> None:
+        self._backends = dict(backends)
+        self._specs: dict[str, ToolSpec] = {}
+        for backend in dict.fromkeys(self._backends.values()):
+            for spec in backend.specs():
+                if spec.name in self._backends and self._backends[spec.name] is backend:
+                    self._specs[spec.name] = spec
+        missing = [n for n in self._backends if n not in self._specs]
+        if missing:
+            raise ConfigError(f"backends did not provide specs for tools {missing}")
+        self.cache = cache
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def local(cls, tools: Sequence[Tool], cache: ToolCache | None = None) -> "Toolbox":
+        backend = LocalBackend(tools)
+        return cls({t.name: backend for t in tools}, cache=cache)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | str | None = None, cache: bool | ToolCache = True) -> "Toolbox":
+        """Build from ``{tool_name: "local" | "http://host:port" | {"backend": ..., ...options}}``.
+
+        ``backend: local`` builds the tool from the registry with the remaining keys as options
+        (e.g. ``engine``, ``model``); ``backend: http`` (or a URL string) calls a tool server with
+        ``url``, ``timeout_s``, ``retries``, ``token``. A path to a JSON/YAML file also works.
+        """
+        from tool_backends.config import load_tool_config, make_backends
+
+        spec = load_tool_config(config)
+        backends = make_backends(spec)
+        if cache is True:
+            cache = ToolCache()
+        return cls(backends, cache=cache or None)
+
+    # ---- queries --------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return list(self._specs.values())
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """Tool schemas for chat templates' ``tools=`` and OpenAI-compatible endpoints."""
+        return [s.openai_schema() for s in self._specs.values()]
+
+    # ---- calling --------------------------------------------------------------------------
+    def call(self, call: ToolCall, images: Sequence[Image.Image], context: ToolContext | None = None) -> ToolCallRecord:
+        """Run one call. Never raises: failures come back as ``ToolResult.failure``."""
+        context = context or ToolContext()
+        start = time.perf_counter()
+        backend = self._backends.get(call.name)
+        if backend is None:
+            result = ToolResult.failure(unknown_name_message("tool", call.name, self._specs))
+            return ToolCallRecord(call.name, call.arguments, result, time.perf_counter() - start)
+
+        key = cache_key(call.name, call.arguments, images, context) if self.cache is not None else None
+        if key is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return ToolCallRecord(call.name, call.arguments, hit, time.perf_counter() - start, cached=True)
+        try:
+            result = backend.call(call.name, images, call.arguments, context)
+        except ToolError as e:  # backends raise these for timeouts, dead servers, bad responses
+            result = ToolResult.failure(str(e))
+        except Exception as e:  # a tool bug must not end the episode, let alone the run
+            log.exception("tool %r crashed", call.name)
+            result = ToolResult.failure(f"Tool {call.name!r} crashed: {type(e).__name__}: {e}")
+        if key is not None and result.ok:
+            self.cache.put(key, result)
+        return ToolCallRecord(call.name, call.arguments, result, time.perf_counter() - start)
+
+    def close(self) -> None:
+        for backend in dict.fromkeys(self._backends.values()):
+            backend.close()
+
+
+__all__ = ["Toolbox", "ToolBackend", "LocalBackend", "ToolCache", "ToolCallRecord", "ToolBackendError", "build_tool"]

@@ -1,0 +1,67 @@
+"""``image_zoom_in``: crop a box of an episode image and enlarge it (the seed's in-process tool)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from PIL import Image
+
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, expand_to_min_size, resolve_bbox
+
+
+def crop_and_resize(image: Image.Image, box: tuple[int, int, int, int], target_short_side: int,
+                    max_side: int) -> Image.Image:
+    """The bare operation the tool wraps (the baseline in ``benchmarks/env_overhead.py``)."""
+    crop = image.crop(box)
+    w, h = crop.size
+    scale = min(max(1.0, target_short_side / min(w, h)), max_side / max(w, h))
+    if scale != 1.0:
+        crop = crop.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BICUBIC)
+    return crop
+
+
+class ZoomTool(Tool):
+    """Crop ``bbox`` from image ``image_index`` and upscale it so small findings become visible.
+
+    Boxes smaller than ``min_size`` pixels are grown around their centre (a 3-pixel crop tells the
+    model nothing); the crop is enlarged until its short side is ``target_short_side``, never past
+    ``max_side``.
+    """
+
+    def __init__(self, min_size: int = 28, target_short_side: int = 336, max_side: int = 1024) -> None:
+        self.min_size = int(min_size)
+        self.target_short_side = int(target_short_side)
+        self.max_side = int(max_side)
+        self.spec = ToolSpec(
+            name="image_zoom_in",
+            description=(
+                "Zoom into a rectangular region of an image to see small details. Returns the enlarged crop "
+                "as a new image."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "bbox": BBOX_SCHEMA,
+                    "image_index": {"type": "integer", "default": 0,
+                                    "description": "which image of the conversation (0 = the original)"},
+                    "coordinates": COORDINATES_SCHEMA,
+                    "label": {"type": "string", "maxLength": 200, "description": "what you expect to see (optional)"},
+                },
+                "required": ["bbox"],
+                "additionalProperties": False,
+            },
+        )
+
+    def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        index = arguments["image_index"]
+        image = pick_image(images, index)
+        box = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])
+        box = expand_to_min_size(box, image.size, self.min_size)
+        crop = crop_and_resize(image, box, self.target_short_side, self.max_side)
+        source = index if index >= 0 else len(images) + index
+        return ToolResult(
+            text=f"Zoomed into region {list(box)} (pixels) of image {source}; enlarged to {crop.size[0]}x{crop.size[1]}.",
+            images=[crop],
+            data={"region": list(box), "image_index": source},
+        )

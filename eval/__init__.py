@@ -1,0 +1,1 @@
+"""Evaluation harness: run any agent through the env, write resumable results and reports."""

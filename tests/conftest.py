@@ -1,0 +1,27 @@
+"""Shared fixtures. ``vqa_rad_root`` points at the real VQA-RAD copy when it is there."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VQA_RAD = Path(os.environ.get("MEDVQA_VQA_RAD", REPO.parent / "shared" / "data" / "vqa_rad"))
+
+
+@pytest.fixture(scope="session")
+def vqa_rad_root() -> Path:
+    if not (VQA_RAD / "source" / "testset.json").is_file():
+        pytest.skip(f"VQA-RAD not found at {VQA_RAD} (set MEDVQA_VQA_RAD)")
+    return VQA_RAD
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _offline_and_cache(tmp_path_factory):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("MEDVQA_CACHE", str(tmp_path_factory.mktemp("medvqa-cache")))
+    yield

@@ -1,0 +1,1 @@
+"""Training: GRPO-family trainers (native PyTorch and verl + Ray), SFT, rollouts."""

@@ -1,0 +1,101 @@
+"""Named agents: ``build_agent("prior", fit_on=train_set)`` -> an :class:`~agents.base.Agent`.
+
+Every factory takes keyword options only; heavy agents (transformers, HTTP) import their modules
+lazily, so listing agents costs nothing.
+
+>>> build_agent("random", seed=1).config()["seed"]
+1
+>>> build_agent("promp")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+medvqa_env.errors.ConfigError: Unknown agent 'promp'. Available: [...]. Did you mean 'prior'?
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from agents.base import Agent
+from medvqa_env.errors import ConfigError, unknown_name_message
+
+AgentFactory = Callable[..., Agent]
+_AGENTS: dict[str, str | AgentFactory] = {
+    # name -> "module:callable" (imported on first use) or a registered factory.
+    "random": "agents.baselines:RandomAgent",
+    "prior": "agents.registry:_build_prior",
+    "zoom-then-answer": "agents.registry:_build_tool_then_answer",
+    "oracle": "agents.registry:_build_oracle",
+    "openai": "agents.openai_agent:OpenAIAgent",
+    "vlm": "agents.vlm:VLMAgent",
+    "text-llm": "agents.text_llm:TextLLMAgent",
+}
+_ALIASES = {"answer-prior": "prior", "tool-then-answer": "zoom-then-answer", "endpoint": "openai",
+            "qwen-vl": "vlm", "llm": "text-llm"}
+
+
+def register_agent(name: str) -> Callable[[AgentFactory], AgentFactory]:
+    """Decorator: register ``factory(**options) -> Agent`` under ``name``."""
+
+    def wrap(factory: AgentFactory) -> AgentFactory:
+        if name in _AGENTS and _AGENTS[name] is not factory:
+            raise ConfigError(f"agent {name!r} is already registered")
+        _AGENTS[name] = factory
+        return factory
+
+    return wrap
+
+
+def available_agents() -> list[str]:
+    return sorted(_AGENTS)
+
+
+def build_agent(name: str, **options: Any) -> Agent:
+    """Build agent ``name`` (see :func:`available_agents`) with ``options``."""
+    key = _ALIASES.get(name, name)
+    try:
+        target = _AGENTS[key]
+    except KeyError:
+        # Doctest above shows the shape; the list is elided there.
+        raise ConfigError(unknown_name_message("agent", name, _AGENTS)) from None
+    if isinstance(target, str):
+        module, attr = target.split(":")
+        target = getattr(importlib.import_module(module), attr)
+    try:
+        return target(**options)
+    except TypeError as e:
+        raise ConfigError(f"bad options for agent {name!r}: {e}") from None
+
+
+def _load_dataset(value: Any, what: str):
+    from medvqa_env.records import VQADataset
+
+    if isinstance(value, VQADataset):
+        return value
+    if isinstance(value, dict):
+        from medvqa_env.datasets import load_dataset
+
+        return load_dataset(**value)
+    raise ConfigError(f"expected {what} to be a VQADataset or a load_dataset kwargs dict, got {value!r}")
+
+
+def _build_prior(fit_on: Any = None, **options: Any) -> Agent:
+    from agents.baselines import AnswerPriorAgent
+
+    agent = AnswerPriorAgent(**options)
+    return agent.fit(_load_dataset(fit_on, "fit_on")) if fit_on is not None else agent
+
+
+def _build_tool_then_answer(fit_on: Any = None, **options: Any) -> Agent:
+    from agents.baselines import ToolThenAnswerAgent
+
+    agent = ToolThenAnswerAgent(**options)
+    return agent.fit(_load_dataset(fit_on, "fit_on")) if fit_on is not None else agent
+
+
+def _build_oracle(dataset: Any = None, **options: Any) -> Agent:
+    from agents.baselines import OracleAgent
+
+    if dataset is None:
+        raise ConfigError("the 'oracle' agent needs dataset= (the VQADataset it reads answers from)")
+    return OracleAgent(_load_dataset(dataset, "dataset"), **options)

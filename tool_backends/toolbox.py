@@ -167,7 +167,7 @@ class Toolbox:
         backends = make_backends(spec)
         if cache is True:
             cache = ToolCache()
-        return cls(backends, cache=cache or None)
+        return cls(backends, cache=cache if isinstance(cache, ToolCache) else None)
 
     # ---- queries --------------------------------------------------------------------------
     @property

@@ -1,0 +1,139 @@
+"""Draw an episode: the question's image with what the tools did, the tool outputs, and the turns.
+
+Left: image 0 with zoom/segment regions (yellow), grounding boxes (cyan, with label and score) and
+masks (red tint). Below it: thumbnails of the images tools returned. Right: the question and each
+turn's action and observation, wrapped. Returns an ``HxWx3`` ``uint8`` array.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, Iterable
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from medvqa_env.masks import rle_to_mask
+
+PANEL = 512
+TEXT_WIDTH = 560
+THUMB = 120
+BACKGROUND = (24, 24, 28)
+REGION = (255, 210, 0)
+GROUNDING = (0, 220, 255)
+MASK = np.array([255, 40, 40], dtype=np.float32)
+
+
+def _font(size: int = 13) -> ImageFont.ImageFont:
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1
+        return ImageFont.load_default()
+
+
+def _tool_overlays(trace: Iterable[dict[str, Any]]):
+    """Yield (kind, payload) for every drawable thing the tools produced on image 0."""
+    for turn in trace:
+        for call in turn.get("tool_calls", ()):
+            data = call.get("data") or {}
+            if data.get("image_index", 0) != 0 or call.get("error"):
+                continue
+            if "mask_rle" in data:
+                yield "mask", data["mask_rle"]
+            if "region" in data:
+                yield "region", (data["region"], call["name"])
+            for box in data.get("boxes", ()):
+                yield "box", box
+
+
+def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]]) -> Image.Image:
+    """Image 0 with masks, regions and grounding boxes drawn on a copy."""
+    canvas = np.asarray(image.convert("RGB"), dtype=np.float32).copy()
+    boxes, regions = [], []
+    for kind, payload in _tool_overlays(trace):
+        if kind == "mask":
+            try:
+                m = rle_to_mask(payload)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if m.shape == canvas.shape[:2]:
+                canvas[m] = 0.55 * canvas[m] + 0.45 * MASK
+        elif kind == "region":
+            regions.append(payload)
+        else:
+            boxes.append(payload)
+    out = Image.fromarray(canvas.clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(out)
+    width = max(2, round(max(out.size) / 200))
+    font = _font(max(12, round(max(out.size) / 40)))
+    for bbox, name in regions:
+        draw.rectangle(list(map(float, bbox)), outline=REGION, width=width)
+        draw.text((float(bbox[0]) + 3, float(bbox[1]) + 2), name, fill=REGION, font=font)
+    for box in boxes:
+        bbox = box.get("bbox")
+        if not bbox or len(bbox) != 4:
+            continue
+        draw.rectangle(list(map(float, bbox)), outline=GROUNDING, width=width)
+        label = f"{box.get('label', '')} {box.get('score', ''):.2f}" if isinstance(box.get("score"), float) else str(box.get("label", ""))
+        draw.text((float(bbox[0]) + 3, float(bbox[3]) - 16), label, fill=GROUNDING, font=font)
+    return out
+
+
+def _fit(image: Image.Image, side: int) -> Image.Image:
+    img = image.copy()
+    img.thumbnail((side, side))
+    return img
+
+
+def _transcript(question: str, trace: list[dict[str, Any]], answer_line: str | None) -> list[str]:
+    lines = ["Q: " + question, ""]
+    for turn in trace:
+        action = turn["action"]
+        head = f"Turn {turn['turn']}:"
+        if action.get("tool_calls"):
+            calls = "; ".join(f"{c['name']}({c['arguments']})" for c in action["tool_calls"])
+            lines.append(f"{head} call {calls}")
+        elif action.get("answers"):
+            lines.append(f"{head} answer {action['answers'][-1]!r}")
+        else:
+            lines.append(f"{head} (no tool call, no answer)")
+        if turn.get("observation"):
+            body = turn["observation"].replace("<observation>", "").replace("</observation>", "").strip()
+            lines.extend("  " + line for line in body.splitlines() if line.strip())
+        lines.append("")
+    if answer_line:
+        lines.append(answer_line)
+    wrapped = []
+    for line in lines:
+        wrapped.extend(textwrap.wrap(line, width=78, subsequent_indent="    ") or [""])
+    return wrapped
+
+
+def render_episode(env) -> np.ndarray:
+    """Render ``env`` (a :class:`MedVQAEnv`) as it stands now."""
+    if env.record is None:
+        return np.zeros((PANEL, PANEL + TEXT_WIDTH, 3), dtype=np.uint8)
+    main = _fit(draw_overlays(env.images[0], env.trace), PANEL)
+    extras = [_fit(im, THUMB) for im in env.images[1:]]
+    rows_of_thumbs = -(-len(extras) // max(1, PANEL // (THUMB + 8))) if extras else 0
+    height = PANEL + rows_of_thumbs * (THUMB + 24)
+    answer_line = None
+    if env.done:
+        final = env.trace[-1]["action"] if env.trace else {}
+        answer = (final.get("answers") or [None])[-1]
+        answer_line = f"Answer: {answer!r}   Ground truth: {env.record.answer!r}"
+    lines = _transcript(env.record.question, env.trace, answer_line)
+    font = _font(13)
+    height = max(height, 16 * len(lines) + 16)
+    canvas = Image.new("RGB", (PANEL + TEXT_WIDTH, height), BACKGROUND)
+    canvas.paste(main, ((PANEL - main.size[0]) // 2, (PANEL - main.size[1]) // 2))
+    draw = ImageDraw.Draw(canvas)
+    per_row = max(1, PANEL // (THUMB + 8))
+    for i, thumb in enumerate(extras):
+        x = 4 + (i % per_row) * (THUMB + 8)
+        y = PANEL + 4 + (i // per_row) * (THUMB + 24)
+        canvas.paste(thumb, (x, y + 16))
+        draw.text((x, y), f"image {i + 1}", fill=(200, 200, 200), font=font)
+    for i, line in enumerate(lines):
+        draw.text((PANEL + 12, 8 + 16 * i), line, fill=(230, 230, 230), font=font)
+    return np.asarray(canvas, dtype=np.uint8).copy()

@@ -1,0 +1,89 @@
+"""Env overhead per step: ``MedVQAEnv.step`` with an ``image_zoom_in`` call vs. the bare crop it wraps.
+
+Both sides run on the same VQA-RAD images (or the embedded default when VQA-RAD is absent) and the
+same boxes, interleaved in one run. Overhead = env step - bare crop+resize; goal: < 1 ms.
+
+    python benchmarks/bench_env.py [--quick] [--vqa-rad ../shared/data/vqa_rad]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from medvqa_env.env import MedVQAEnv  # noqa: E402
+from rewards import RuleReward  # noqa: E402
+from tool_backends.geometry import expand_to_min_size, resolve_bbox  # noqa: E402
+from tool_backends.toolbox import Toolbox  # noqa: E402
+from tool_backends.zoom import ZoomTool, crop_and_resize  # noqa: E402
+
+
+def _dataset(vqa_rad: str | None):
+    if vqa_rad and (Path(vqa_rad) / "source" / "testset.json").is_file():
+        return "vqa_rad", {"root": vqa_rad}
+    return "embedded", {}
+
+
+def measure(episodes: int, vqa_rad: str | None) -> dict[str, float]:
+    name, opts = _dataset(vqa_rad)
+    tool = ZoomTool()
+    env = MedVQAEnv(dataset=name, split="test", dataset_options=opts, reward=RuleReward(),
+                    tools=Toolbox.local([tool], cache=None))
+    bare, step, parse_only = [], [], []
+    from medvqa_env.parser import parse_action
+
+    for i in range(episodes):
+        _, _ = env.reset(options={"index": i % len(env.dataset)})
+        image = env.images[0]
+        w, h = image.size
+        bbox = [w // 5, h // 4, w // 5 + w // 3, h // 4 + h // 3]
+        action = '<think>look closer</think><tool_call>' + json.dumps(
+            {"name": "image_zoom_in", "arguments": {"bbox": bbox}}) + '</tool_call>'
+        t0 = time.perf_counter()
+        box = expand_to_min_size(resolve_bbox(bbox, image.size), image.size, tool.min_size)
+        crop_and_resize(image, box, tool.target_short_side, tool.max_side)
+        t1 = time.perf_counter()
+        env.step(action)
+        t2 = time.perf_counter()
+        parse_action(action)
+        t3 = time.perf_counter()
+        bare.append(t1 - t0)
+        step.append(t2 - t1)
+        parse_only.append(t3 - t2)
+    med = statistics.median
+    return {"dataset": name, "episodes": episodes, "bare_ms": med(bare) * 1e3, "step_ms": med(step) * 1e3,
+            "overhead_ms": (med(step) - med(bare)) * 1e3, "parse_ms": med(parse_only) * 1e3}
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
+    args = ap.parse_args(argv)
+    r = measure(60 if args.quick else 400, args.vqa_rad)
+    section = "\n".join([
+        "## Env overhead per step (zoom tool)",
+        "",
+        f"`python benchmarks/bench_env.py{' --quick' if args.quick else ''}` — {r['episodes']} steps on {r['dataset']} "
+        "images, medians; cache off so every step runs the crop.",
+        "",
+        "| what | ms/step | ratio to bare crop |",
+        "|---|---:|---:|",
+        f"| bare crop + resize (baseline) | {r['bare_ms']:.3f} | 1.00 |",
+        f"| `env.step` with an `image_zoom_in` call | {r['step_ms']:.3f} | {r['step_ms'] / r['bare_ms']:.2f} |",
+        f"| of which parsing the turn | {r['parse_ms']:.3f} | {r['parse_ms'] / r['bare_ms']:.2f} |",
+        f"| **env overhead** (step − bare) | **{r['overhead_ms']:.3f}** | goal < 1 ms |",
+        "",
+    ])
+    print(section)
+    return section
+
+
+if __name__ == "__main__":
+    main()

@@ -40,8 +40,9 @@ def decode_image(data: bytes, where: str = "image", max_pixels: int = DEFAULT_MA
             img.load()
     except DatasetError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DatasetError(f"{where} is over the limit of {max_pixels} pixels (decompression bomb?): {e}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise DatasetError(f"{where} is not a readable image: {e}") from None
     if img.mode != "RGB":
         img = img.convert("RGB")

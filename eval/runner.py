@@ -1,0 +1,424 @@
+"""The evaluation loop: many live episodes at once, the agent called on all that wait for it.
+
+``evaluate(agent, dataset, config, out_dir)`` keeps ``config.batch_size`` episodes live. Env work
+(reset, image loading, tools, reward, open-answer metrics) runs in :class:`eval.pool.EnvPool`
+workers; the agent runs here and gets every conversation that is waiting in one ``act_batch``
+call. Each finished episode is appended to ``episodes.jsonl`` at once (see :mod:`eval.results`);
+a rerun skips what is there. Episode ``(record, sample)`` always gets the same seed, so K samples
+per question differ while a rerun repeats them exactly.
+
+Failures are data, per episode: a missing image (``dataset_error``), an agent that raises
+(``agent_error``; a failing batch is retried one conversation at a time to find the culprit), a
+broken env or tool (``env_error``), a dead worker (``worker_crash``), a judge that times out
+(``judge_error``, the episode is kept with ``judge: null``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from agents.base import Agent
+from medvqa_env.chat import Conversation
+from medvqa_env.records import VQADataset, VQARecord
+from eval.pool import EnvPool, EnvSpec
+from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
+from eval.scoring import tool_stats
+from eval.summary import EvalSummary
+
+log = logging.getLogger(__name__)
+
+Judge = Callable[[str, str, str], Mapping[str, Any]]  # (question, ground_truth, prediction) -> {"correct", "reason"}
+
+
+@dataclass
+class EvalConfig:
+    """How to run an evaluation (saved to ``run.json``; identity fields must match on resume)."""
+
+    k: int = 1
+    """Samples per question (seed 004's pass@K); sample ``s`` of a question gets its own seed."""
+    seed: int = 0
+    """Base seed; episode seeds derive from it, the record id and the sample index."""
+    limit: int | None = None
+    """Evaluate only the first ``limit`` questions of the split."""
+    workers: int = 2
+    """Env worker processes; 0 runs envs in this process (serial, for debugging and baselines)."""
+    batch_size: int = 32
+    """Live episodes at once (the most conversations one ``act_batch`` call can get)."""
+    tools: Any = None
+    """Tool config for the env (see ``tool_backends.config``); ``None`` = default tools, ``[]`` = none."""
+    max_turns: int = 3
+    """Tool turns per episode (seed 000: 3)."""
+    answer_protocol: str = "boxed"
+    """``boxed`` (seed 000) or ``xml`` (MediX-R1)."""
+    observation_style: str = "observation_tag"
+    """How tool outputs reach the agent (see ``MedVQAEnv``)."""
+    reward: str = "rule"
+    """Env reward recorded per episode (``rule``, ``default`` or a registry name); see ``EnvSpec``."""
+    open_metrics: bool = True
+    """Compute BLEU-1/ROUGE-1/BERTScore/CosSim for OPEN answers (needs the ``rewards`` extra)."""
+    metrics_options: dict = field(default_factory=dict)
+    """``ARMedConfig`` fields for the open metrics' encoders (e.g. the seed's PubMedBERT folder)."""
+    retry_errors: bool = False
+    """On resume, rerun episodes whose row records an error."""
+    progress: bool = True
+    """Show a progress bar with live accuracy on stderr."""
+    bootstrap: int = 1000
+    """Bootstrap resamples for confidence intervals (0 = none)."""
+    judge_workers: int = 8
+    """Concurrent requests to the LLM judge."""
+    fsync: bool = True
+    """fsync each appended row (what makes a killed run lose nothing finished)."""
+
+    IDENTITY = ("seed", "tools", "max_turns", "answer_protocol", "observation_style", "reward", "metrics_options")
+
+
+def episode_seed(base_seed: int, record_id: str, sample: int) -> int:
+    """A stable 31-bit seed per (base seed, record, sample).
+
+    >>> episode_seed(0, "q1", 0) == episode_seed(0, "q1", 0) != episode_seed(0, "q1", 1)
+    True
+    """
+    digest = hashlib.blake2b(f"{base_seed}|{record_id}|{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+@dataclass
+class _Episode:
+    key: str
+    index: int
+    sample: int
+    seed: int
+    record: VQARecord
+    worker: int = -1
+    slot: int = -1
+    conversation: Conversation | None = None
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    pending_action: Any = None
+    started: float = field(default_factory=time.perf_counter)
+    agent_s: float = 0.0
+    env_s: float = 0.0
+
+
+class _Progress:
+    """tqdm when installed, else silence; shows live accuracy."""
+
+    def __init__(self, total: int, enabled: bool, desc: str) -> None:
+        self.bar = None
+        self.correct = self.scored = self.errors = 0
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def update(self, row: Mapping[str, Any]) -> None:
+        if row.get("error"):
+            self.errors += 1
+        elif row.get("correct") is not None:
+            self.scored += 1
+            self.correct += bool(row["correct"])
+        if self.bar is not None:
+            acc = self.correct / self.scored if self.scored else 0.0
+            self.bar.set_postfix(acc=f"{acc:.3f}", errors=self.errors, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _call_agent(agent: Agent, convs: Sequence[Conversation]) -> list[tuple[Any, str | None]]:
+    """``act_batch`` on all; if it raises or answers wrongly, one by one to isolate failures."""
+    try:
+        actions = agent.act_batch(list(convs))
+        if not isinstance(actions, (list, tuple)) or len(actions) != len(convs):
+            raise TypeError(f"act_batch must return a list of {len(convs)} turns, got {type(actions).__name__}"
+                            f"{' of length ' + str(len(actions)) if hasattr(actions, '__len__') else ''}")
+        return [(a, None) for a in actions]
+    except Exception as batch_error:
+        if len(convs) == 1:
+            return [(None, f"{type(batch_error).__name__}: {batch_error}")]
+    out = []
+    for c in convs:
+        out.extend(_call_agent(agent, [c]))
+    return out
+
+
+def _as_action(action: Any) -> Any:
+    """Text goes to the env as is; anything else (``None``, a number) as ``None``, which the
+    env's parser turns into a format error the episode records."""
+    return action if isinstance(action, (str, bytes)) else None
+
+
+class Runner:
+    """One evaluation run (see the module docstring). Use :func:`evaluate`."""
+
+    def __init__(self, agent: Agent, dataset: VQADataset, config: EvalConfig, out_dir: str | Path | None,
+                 judge: Judge | None = None) -> None:
+        if config.k < 1:
+            raise ValueError(f"expected k >= 1, got {config.k!r}")
+        if config.batch_size < 1:
+            raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
+        self.agent, self.config, self.judge = agent, config, judge
+        self.dataset = dataset if config.limit is None else dataset[: config.limit]
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.rows: list[dict[str, Any]] = []  # rows finished in this call
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def _todo(self, done: set[str]) -> deque[_Episode]:
+        todo: deque[_Episode] = deque()
+        for index, record in enumerate(self.dataset):
+            for sample in range(self.config.k):
+                key = episode_key(record.id, sample)
+                if key not in done:
+                    todo.append(_Episode(key, index, sample, episode_seed(self.config.seed, record.id, sample), record))
+        return todo
+
+    def _row(self, ep: _Episode, final: Mapping[str, Any] | None, error: Mapping[str, Any] | None) -> dict[str, Any]:
+        r = ep.record
+        info = (final or {}).get("info", {})
+        score = (final or {}).get("score", {})
+        row: dict[str, Any] = {
+            "key": ep.key, "record_id": r.id, "sample": ep.sample, "seed": ep.seed, "index": ep.index,
+            "dataset": r.dataset, "split": r.split, "answer_type": r.answer_type.value,
+            "modality": r.modality, "organ": r.organ, "question_type": r.question_type,
+            "question": r.question, "ground_truth": r.answer, "options": dict(r.options),
+            "prediction": info.get("answer"),
+            "format_ok": bool(score.get("format_ok", False)),
+            "correct": bool(score.get("correct", False)),
+            "exact_match": bool(score.get("exact_match", False)),
+            "metrics": score.get("metrics", {}),
+            "reward": (final or {}).get("reward"),
+            "reward_components": info.get("reward_components", {}),
+            "end_reason": info.get("end_reason") if error is None else "error",
+            "turns": len(ep.trace),
+            "trace": ep.trace,
+            "tool_stats": tool_stats(ep.trace),
+            "timing": {"total_s": time.perf_counter() - ep.started, "agent_s": ep.agent_s, "env_s": ep.env_s,
+                       "score_s": (final or {}).get("score_s", 0.0)},
+            "error": dict(error) if error else None,
+            "judge": None,
+        }
+        if score.get("metrics_error"):
+            row["metrics_error"] = score["metrics_error"]
+        return row
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        cfg = self.config
+        writer = ResultsWriter(self.out_dir / RESULTS_FILE, fsync=cfg.fsync) if self.out_dir else None
+        done = set(writer.done) if writer else set()
+        if writer and cfg.retry_errors:
+            done -= {row["key"] for row in load_results(writer.path) if row.get("error")}
+        todo = self._todo(done)
+        total = len(todo)
+        if not total:
+            if writer:
+                writer.close()
+            return []
+        n_workers = max(1, cfg.workers)
+        slots = max(1, -(-min(cfg.batch_size, total) // n_workers))
+        env_options = {"max_turns": cfg.max_turns, "answer_protocol": cfg.answer_protocol,
+                       "observation_style": cfg.observation_style}
+        spec = EnvSpec(self.dataset, tools=cfg.tools, reward=cfg.reward, env_options=env_options,
+                       open_metrics=cfg.open_metrics, metrics_options=cfg.metrics_options)
+        pool = EnvPool(spec, cfg.workers, slots)
+        free = [list(range(slots)) for _ in range(n_workers)]
+        queued: list[list[tuple]] = [[] for _ in range(n_workers)]
+        inflight: list[list[_Episode]] = [[] for _ in range(n_workers)]
+        queued_eps: list[list[_Episode]] = [[] for _ in range(n_workers)]
+        judge_pool = ThreadPoolExecutor(max(1, cfg.judge_workers)) if self.judge else None
+        judging: list[tuple[dict[str, Any], Future]] = []
+        progress = _Progress(total, cfg.progress, desc=getattr(self.agent, "name", "agent"))
+
+        def finish(ep: _Episode, final=None, error=None) -> None:
+            row = self._row(ep, final, error)
+            free[ep.worker].append(ep.slot)
+            if judge_pool is not None and row["error"] is None:
+                judging.append((row, judge_pool.submit(self._judge, row)))
+            else:
+                emit(row)
+
+        def emit(row: dict[str, Any]) -> None:
+            if writer:
+                writer.append(row)
+            self.rows.append(row)
+            progress.update(row)
+
+        try:
+            while todo or any(inflight) or any(queued_eps):
+                # 1. start new episodes in free slots
+                for w in range(n_workers):
+                    while todo and free[w]:
+                        ep = todo.popleft()
+                        ep.worker, ep.slot = w, free[w].pop()
+                        ep.started = time.perf_counter()
+                        queued[w].append(("reset", ep.slot, ep.index, ep.seed))
+                        queued_eps[w].append(ep)
+                # 2. send queued commands to idle workers
+                for w in range(n_workers):
+                    if queued[w] and not pool.busy[w]:
+                        pool.submit(w, queued[w])
+                        inflight[w] = queued_eps[w]
+                        queued[w], queued_eps[w] = [], []
+                # 3. collect answers; episodes that are still live wait for the agent
+                ready: list[_Episode] = []
+                for w, results in pool.poll():
+                    eps, inflight[w] = inflight[w], []
+                    if results is None:  # the worker died: its live episodes are lost
+                        free[w] = list(range(slots))
+                        for ep in eps:
+                            self._finish_crashed(ep, finish)
+                        continue
+                    for ep, res in zip(eps, results):
+                        ep.env_s += res.get("env_s", 0.0)
+                        if "error" in res:
+                            finish(ep, error=res["error"])
+                        elif res.get("kind") == "reset":
+                            info = dict(res["info"], seed=ep.seed, sample=ep.sample, episode_key=ep.key)
+                            ep.conversation = Conversation.start(res["obs"], info, cfg.observation_style)
+                            ready.append(ep)
+                        else:
+                            self._record_step(ep, res)
+                            if res["terminated"] or res["truncated"]:
+                                finish(ep, final=res)
+                            else:
+                                ep.conversation.add_turn(ep.pending_action or "", res["obs"])
+                                ready.append(ep)
+                # 4. the agent acts on every waiting conversation at once
+                if ready:
+                    t0 = time.perf_counter()
+                    answers = _call_agent(self.agent, [ep.conversation for ep in ready])
+                    share = (time.perf_counter() - t0) / len(ready)
+                    for ep, (action, err) in zip(ready, answers):
+                        ep.agent_s += share
+                        if err is not None:
+                            finish(ep, error={"kind": "agent_error", "message": err})
+                            continue
+                        ep.pending_action = _as_action(action)
+                        queued[ep.worker].append(("step", ep.slot, ep.pending_action))
+                        queued_eps[ep.worker].append(ep)
+                # 5. write rows whose judge has answered
+                if judging:
+                    still = []
+                    for row, fut in judging:
+                        if fut.done():
+                            emit(self._judged(row, fut))
+                        else:
+                            still.append((row, fut))
+                    judging[:] = still
+            for row, fut in judging:
+                emit(self._judged(row, fut))
+        finally:
+            progress.close()
+            pool.close()
+            if judge_pool is not None:
+                judge_pool.shutdown(wait=False, cancel_futures=True)
+            if writer:
+                writer.close()
+        return self.rows
+
+    def _record_step(self, ep: _Episode, res: Mapping[str, Any]) -> None:
+        info = res["info"]
+        action = ep.pending_action
+        ep.trace.append({
+            "turn": info.get("turn"),
+            "action": action if isinstance(action, str) else None,
+            "parsed": info.get("parsed"),
+            "observation": res["obs"].get("text") if not (res["terminated"] or res["truncated"]) else None,
+            "tool_calls": info.get("tool_calls", []),
+            "reward": res.get("reward"),
+            "env_s": res.get("env_s"),
+        })
+
+    def _finish_crashed(self, ep: _Episode, finish) -> None:
+        finish(ep, error={"kind": "worker_crash", "message": "the env worker process died during this episode"})
+
+    def _judge(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        if row["prediction"] is None:
+            return {"correct": False, "reason": "no final answer"}
+        verdict = self.judge(row["question"], row["ground_truth"], row["prediction"])
+        return {"correct": bool(verdict["correct"]), "reason": str(verdict.get("reason", ""))}
+
+    @staticmethod
+    def _judged(row: dict[str, Any], fut: Future) -> dict[str, Any]:
+        try:
+            row["judge"] = fut.result()
+        except Exception as e:  # a timing-out or broken judge endpoint: keep the episode, note why
+            row["judge"] = None
+            row["judge_error"] = f"{type(e).__name__}: {e}"
+        return row
+
+
+def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = False) -> None:
+    """Refuse to mix results of a different setup into ``out_dir`` (unless ``overwrite``)."""
+    from medvqa_env.errors import ConfigError
+
+    path = out_dir / "run.json"
+    if not path.is_file() or overwrite:
+        return
+    try:
+        old = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return
+    diffs = [k for k in ("agent", "dataset", "split", *EvalConfig.IDENTITY)
+             if json.dumps(old.get(k), sort_keys=True, default=str) != json.dumps(run_info.get(k), sort_keys=True, default=str)]
+    if diffs:
+        raise ConfigError(f"{out_dir} holds results of a different setup (differs in {diffs}); "
+                          f"use another --out or pass --overwrite")
+
+
+def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str) -> dict[str, Any]:
+    info = {"agent": agent.config(), "dataset": dataset.name, "split": split}
+    cfg = asdict(config)
+    info.update({k: cfg[k] for k in EvalConfig.IDENTITY})
+    info.update({"k": config.k, "limit": config.limit})
+    return info
+
+
+def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None,
+             out_dir: str | Path | None = None, judge: Judge | None = None, split: str = "test",
+             overwrite: bool = False, write_report: bool = True) -> EvalSummary:
+    """Run ``agent`` over ``dataset`` and return the :class:`~eval.summary.EvalSummary`.
+
+    With ``out_dir``: episodes are appended to ``out_dir/episodes.jsonl`` (a rerun resumes),
+    ``run.json`` records the setup, and the summary covers *every* row in the file; the reports
+    (``summary.json``, ``report.md``, ``report.html``) are written unless ``write_report=False``.
+    """
+    from eval.metrics import summarize
+    from eval.report import write_reports
+
+    config = config or EvalConfig()
+    info = run_info(agent, dataset, config, split)
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        check_resume(out, info, overwrite)
+        if overwrite and (out / RESULTS_FILE).exists():
+            (out / RESULTS_FILE).unlink()
+        (out / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    start = time.perf_counter()
+    runner = Runner(agent, dataset, config, out_dir, judge)
+    new_rows = runner.run()
+    wall = time.perf_counter() - start
+    if out_dir is not None:
+        wanted = {episode_key(r.id, s) for r in runner.dataset for s in range(config.k)}
+        rows = [r for r in load_results(Path(out_dir) / RESULTS_FILE) if r["key"] in wanted]
+    else:
+        rows = new_rows
+    timing = {"wall_s": wall, "new_episodes": len(new_rows),
+              "episodes_per_s": len(new_rows) / wall if new_rows and wall > 0 else None}
+    summary = summarize(rows, k=config.k, run=info, timing=timing, resamples=config.bootstrap, seed=config.seed)
+    if out_dir is not None and write_report:
+        write_reports(out_dir, summary)
+    return summary

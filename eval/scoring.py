@@ -1,0 +1,137 @@
+"""Per-episode scoring: what one finished episode is worth, by the seeds' definitions.
+
+* CLOSED / MCQ: ``correct`` = the rule match (``rewards.rule.answer_matches``: letter parsing for
+  MCQ, loose yes/no for CLOSED), as in seed 000 §6.2 ("accuracy").
+* OPEN: the four raw ARMed metrics (BLEU-1, ROUGE-1, BERTScore, CosSim; :class:`OpenMetrics`)
+  and ``armed_avg`` = their mean (seed 000 §6.2); ``correct`` = normalised exact match, which is
+  what pass@K counts for open answers. A missing prediction scores 0 on all four.
+* every type: ``exact_match`` (normalised, yes/no synonyms folded) and ``format_ok``.
+
+Tool-use statistics come from the episode trace (:func:`tool_stats`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+from medvqa_env.errors import ToolError
+from medvqa_env.records import AnswerType, VQARecord
+
+log = logging.getLogger(__name__)
+
+OPEN_METRICS = ("bleu1", "rouge1", "bertscore", "cossim")
+
+# Parser messages (medvqa_env.parser) that mean a <tool_call> block could not be read.
+_MALFORMED_CALL_MARKERS = ("<tool_call>", "in the arguments of", '"arguments" of')
+
+
+def is_invalid_call(call: Mapping[str, Any], tool_specs: Mapping[str, Any]) -> bool:
+    """A call to an unknown tool, or with arguments that fail the tool's JSON schema."""
+    from tool_backends.base import validate_arguments
+
+    spec = tool_specs.get(call.get("name"), False)
+    if spec is False:
+        return True
+    if spec is None:
+        return False
+    try:
+        validate_arguments(spec, call.get("arguments"))
+    except ToolError:
+        return True
+    return False
+
+
+def tool_stats(trace: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Count an episode's tool calls from its trace (turns with ``parsed`` and ``tool_calls``).
+
+    ``calls``: calls dispatched to the toolbox; ``by_tool``: the same per name; ``malformed``:
+    ``<tool_call>`` blocks the parser could not read; ``invalid``: malformed blocks plus calls
+    flagged ``invalid`` (unknown tool or arguments failing the schema, see
+    :func:`is_invalid_call`); ``errors``: valid calls whose tool failed (timeout, crash, refusal).
+
+    >>> t = [{"parsed": {"errors": ["Invalid JSON in <tool_call>: x."]}, "tool_calls": [
+    ...       {"name": "zoom", "arguments": {}, "error": "Unknown tool 'zoom'.", "invalid": True},
+    ...       {"name": "image_zoom_in", "arguments": {}, "error": "server timed out", "invalid": False}]}]
+    >>> s = tool_stats(t)
+    >>> s["calls"], s["malformed"], s["invalid"], s["errors"], s["by_tool"]["zoom"]
+    (2, 1, 2, 1, 1)
+    """
+    stats: dict[str, Any] = {"calls": 0, "by_tool": {}, "malformed": 0, "invalid": 0, "errors": 0}
+    for turn in trace:
+        errors = (turn.get("parsed") or {}).get("errors") or ()
+        malformed = sum(1 for e in errors if any(m in e for m in _MALFORMED_CALL_MARKERS) and "not run" not in e)
+        stats["malformed"] += malformed
+        stats["invalid"] += malformed
+        for call in turn.get("tool_calls") or ():
+            name = str(call.get("name"))
+            stats["calls"] += 1
+            stats["by_tool"][name] = stats["by_tool"].get(name, 0) + 1
+            if call.get("invalid"):
+                stats["invalid"] += 1
+            elif call.get("error"):
+                stats["errors"] += 1
+    return stats
+
+
+class OpenMetrics:
+    """The four raw ARMed metrics for a batch of (prediction, reference) pairs.
+
+    No metric code of its own: BLEU-1 and ROUGE-1 come from :func:`rewards.text_metrics.lexical_scores`,
+    BERTScore and CosSim from :meth:`rewards.armed.ARMedReward.semantic_scores` -- the very functions
+    the ARMed training reward uses, *without* its adaptive thresholds (seed 000 §6.2 averages the
+    raw scores). ``options`` are :class:`rewards.armed.ARMedConfig` fields (``bertscore_model``,
+    ``bertscore_layers``, ``cosine_model``, ``stem``, ``device``); the defaults are the offline
+    MiniLM encoders. Raises :class:`ImportError` when the ``rewards`` extra is not installed.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        from rewards.armed import ARMedReward
+        from rewards.text_metrics import lexical_scores
+
+        self.options = dict(options)
+        self._lexical = lexical_scores
+        self._armed = ARMedReward(**self.options)
+
+    def __call__(self, predictions: Sequence[str], references: Sequence[str]) -> list[dict[str, float]]:
+        if len(predictions) != len(references):
+            raise ValueError(f"expected as many predictions as references, got {len(predictions)} and {len(references)}")
+        if not predictions:
+            return []
+        preds, refs = [p or "" for p in predictions], list(references)
+        bleu, rouge = self._lexical(preds, refs, stem=bool(self.options.get("stem", False)))
+        bert, cos = self._armed.semantic_scores(preds, refs)
+        rows = []
+        for i in range(len(preds)):
+            row = {"bleu1": float(bleu[i]), "rouge1": float(rouge[i]), "bertscore": float(bert[i]),
+                   "cossim": float(cos[i])}
+            row["armed_avg"] = sum(row[m] for m in OPEN_METRICS) / len(OPEN_METRICS)
+            rows.append(row)
+        return rows
+
+
+def score_episode(record: VQARecord, answer: str | None, format_ok: bool) -> dict[str, Any]:
+    """Correctness of one final answer (see the module docstring). For OPEN questions
+    ``needs_open_metrics`` asks the caller to fill ``metrics`` (batched, with :class:`OpenMetrics`,
+    which scores a missing answer 0 on all four).
+
+    >>> from medvqa_env.records import VQARecord
+    >>> rec = VQARecord("q", ("x.png",), "Is it normal?", "yes", "CLOSED", "demo")
+    >>> s = score_episode(rec, "Yes.", True)
+    >>> s["correct"], s["exact_match"], s["metrics"]
+    (True, True, {})
+    """
+    from rewards.base import RewardInput
+    from rewards.normalize import exact_match
+    from rewards.rule import answer_matches
+
+    sample = RewardInput(completion="", answer=answer, ground_truth=record.answer,
+                         answer_type=record.answer_type, options=dict(record.options), format_ok=format_ok)
+    em = exact_match(answer, record.answer)
+    out: dict[str, Any] = {"answer": answer, "exact_match": bool(em), "format_ok": bool(format_ok), "metrics": {}}
+    if record.answer_type is AnswerType.OPEN:
+        out["correct"] = bool(em)
+        out["needs_open_metrics"] = True
+    else:
+        out["correct"] = bool(answer_matches(sample))
+    return out

@@ -1,0 +1,119 @@
+"""The summary schema: one dataclass, always the same fields (a metric that does not apply to a
+group is ``value: null, n: 0``, never missing). ``summary.json`` is :meth:`EvalSummary.to_dict`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class MetricValue:
+    """A mean (or rate) with its bootstrap 95% interval over questions and the count it is over."""
+
+    value: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int = 0
+
+
+@dataclass
+class GroupSummary:
+    """Every metric for one slice of episodes (all, one dataset, one answer type, one modality).
+
+    Episodes whose image could not be loaded (``dataset_error``) are counted in ``n_errors`` but
+    excluded from every metric; every other failure (agent crash, no answer) scores as wrong.
+    """
+
+    n_episodes: int = 0
+    n_questions: int = 0
+    n_errors: int = 0
+    # -- correctness (seed 000 §6.2) --
+    accuracy: MetricValue = field(default_factory=MetricValue)
+    """CLOSED + MCQ accuracy (rule match)."""
+    closed_accuracy: MetricValue = field(default_factory=MetricValue)
+    mcq_accuracy: MetricValue = field(default_factory=MetricValue)
+    open_exact_match: MetricValue = field(default_factory=MetricValue)
+    exact_match: MetricValue = field(default_factory=MetricValue)
+    """Normalised exact match over all answer types."""
+    bleu1: MetricValue = field(default_factory=MetricValue)
+    rouge1: MetricValue = field(default_factory=MetricValue)
+    bertscore: MetricValue = field(default_factory=MetricValue)
+    cossim: MetricValue = field(default_factory=MetricValue)
+    armed_open_avg: MetricValue = field(default_factory=MetricValue)
+    """ARMed Avg for OPEN = mean(BLEU-1, ROUGE-1, BERTScore, CosSim)."""
+    armed_score: MetricValue = field(default_factory=MetricValue)
+    """Per episode: accuracy for CLOSED/MCQ, ARMed Avg for OPEN; averaged over all."""
+    judge_accuracy: MetricValue = field(default_factory=MetricValue)
+    """LLM-judge (lenient rubric) 'correct' rate over judged episodes."""
+    mean_reward: MetricValue = field(default_factory=MetricValue)
+    # -- sampling (seed 004) --
+    pass_at_1: MetricValue = field(default_factory=MetricValue)
+    pass_at_k: MetricValue = field(default_factory=MetricValue)
+    format_failure_at_k: MetricValue = field(default_factory=MetricValue)
+    """Questions where none of the K samples gave a parseable final answer."""
+    unique_answers_at_k: MetricValue = field(default_factory=MetricValue)
+    format_error_rate: MetricValue = field(default_factory=MetricValue)
+    """Episodes whose final turn was not exactly one well-formed answer."""
+    no_answer_rate: MetricValue = field(default_factory=MetricValue)
+    error_rate: MetricValue = field(default_factory=MetricValue)
+    # -- tool use --
+    turns_per_episode: MetricValue = field(default_factory=MetricValue)
+    tool_calls_per_episode: MetricValue = field(default_factory=MetricValue)
+    invalid_call_rate: MetricValue = field(default_factory=MetricValue)
+    """(malformed blocks + unknown-tool or bad-argument calls) / all attempted calls."""
+    tool_error_rate: MetricValue = field(default_factory=MetricValue)
+    """Valid calls whose tool failed / valid calls."""
+    tool_calls_by_tool: dict[str, MetricValue] = field(default_factory=dict)
+    """Calls per episode, by tool name."""
+
+
+METRIC_NAMES = tuple(f.name for f in fields(GroupSummary) if f.type in ("MetricValue", MetricValue))
+
+
+@dataclass
+class EvalSummary:
+    """What ``evaluate`` returns and ``summary.json`` holds."""
+
+    schema_version: int = SCHEMA_VERSION
+    run: dict[str, Any] = field(default_factory=dict)
+    """Agent config, dataset, split, k, seed, tools... (``run.json``)."""
+    k: int = 1
+    n_episodes: int = 0
+    n_questions: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    metrics_available: dict[str, bool] = field(default_factory=dict)
+    """``open_metrics``: ARMed metrics were computed; ``judge``: an LLM judge scored episodes."""
+    timing: dict[str, float | None] = field(default_factory=dict)
+    overall: GroupSummary = field(default_factory=GroupSummary)
+    by_dataset: dict[str, GroupSummary] = field(default_factory=dict)
+    by_answer_type: dict[str, GroupSummary] = field(default_factory=dict)
+    by_modality: dict[str, GroupSummary] = field(default_factory=dict)
+    by_organ: dict[str, GroupSummary] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EvalSummary":
+        def group(d: Mapping[str, Any]) -> GroupSummary:
+            kw = {}
+            for f in fields(GroupSummary):
+                if f.name not in d:
+                    continue
+                v = d[f.name]
+                if f.name == "tool_calls_by_tool":
+                    kw[f.name] = {k: MetricValue(**m) for k, m in v.items()}
+                elif f.name in METRIC_NAMES:
+                    kw[f.name] = MetricValue(**v)
+                else:
+                    kw[f.name] = v
+            return GroupSummary(**kw)
+
+        kw = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        kw["overall"] = group(data.get("overall", {}))
+        for name in ("by_dataset", "by_answer_type", "by_modality", "by_organ"):
+            kw[name] = {k: group(v) for k, v in data.get(name, {}).items()}
+        return cls(**kw)

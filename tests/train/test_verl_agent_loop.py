@@ -1,0 +1,171 @@
+"""``medvqa_agent`` driving MedVQAEnv through verl's agent-loop interfaces.
+
+Generation comes from ``CPUStandInServerManager``: a CPU stand-in for verl's vLLM/SGLang rollout
+server (same ``generate`` coroutine, verl's ``TokenOutput``) over a tiny random Qwen2-VL. The
+tokenization (verl's Continuous Token builder with a Qwen2-VL processor), the registry and the
+env, tools and reward are all real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import hydra
+import pytest
+
+pytest.importorskip("verl")
+
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+
+from medvqa_env.datasets import load_dataset  # noqa: E402
+from train.verl_integration.agent_loop import MedVQAAgentLoop  # noqa: E402
+from train.verl_integration.config import AGENT_NAME, compose_config  # noqa: E402
+from train.verl_integration.cpu_stand_in import (  # noqa: E402
+    CPUStandInServerManager,
+    build_processor,
+    build_tiny_qwen2vl,
+    build_tokenizer,
+)
+from train.verl_integration.data import env_system_prompt  # noqa: E402
+
+N_RECORDS = 8
+SAMPLING = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+ZOOM = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 128, 128]}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def stack():
+    dataset = load_dataset("embedded", split="train", n=N_RECORDS)
+    corpus = [env_system_prompt({}, dataset), ZOOM, "Question: Is there a lesion in the Tool turns left"]
+    tok = build_tokenizer(corpus)
+    proc = build_processor(tok)
+    return {"dataset": dataset, "tok": tok, "proc": proc, "model": build_tiny_qwen2vl(tok)}
+
+
+def make_config(response_length=1024, **medvqa):
+    overrides = [f"data.max_response_length={response_length}", "data.max_prompt_length=4096",
+                 "medvqa.env.dataset=embedded", f"+medvqa.env.dataset_options.n={N_RECORDS}",
+                 "medvqa.max_action_length=64"]
+    overrides += [f"medvqa.{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in medvqa.items()]
+    return compose_config(overrides)
+
+
+def make_loop(stack, cfg, server):
+    """Instantiate through verl's registry exactly as ``AgentLoopWorker._run_agent_loop`` does."""
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=cfg), server_manager=server,
+        tokenizer=stack["tok"], processor=stack["proc"], hf_model_type="qwen2_vl", dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+
+
+def run_episode(stack, cfg, responses, record_index):
+    server = CPUStandInServerManager(stack["model"], stack["tok"], stack["proc"], responses=responses)
+    record = stack["dataset"][record_index]
+
+    async def go():
+        loop = make_loop(stack, cfg, server)
+        return await loop.run(dict(SAMPLING), raw_prompt=[], index=record_index,
+                              extra_info={"record_id": record.id, "index": record_index})
+
+    return asyncio.run(go()), server, record
+
+
+def forced_ids(tok, text):
+    return tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+
+
+def test_registered_with_verl():
+    assert _agent_loop_registry[AGENT_NAME]["_target_"] == "train.verl_integration.agent_loop.MedVQAAgentLoop"
+
+
+def test_tool_call_then_answer(stack):
+    """Turn 1 zooms, turn 2 answers correctly: masks, images, reward, extra fields."""
+    record_index = 1  # CLOSED, ground truth "no"
+    out, server, record = run_episode(stack, make_config(), [ZOOM, r"\boxed{" + "no}"], record_index)
+    tok = stack["tok"]
+    assert isinstance(out, AgentLoopOutput)
+    assert record.answer == "no"
+    turn1, turn2 = forced_ids(tok, ZOOM), forced_ids(tok, r"\boxed{no}")
+    ids, mask = out.response_ids, out.response_mask
+    assert len(ids) == len(mask)
+    # model tokens carry mask 1, in order, and are exactly what the server returned
+    assert ids[: len(turn1)] == turn1 and mask[: len(turn1)] == [1] * len(turn1)
+    assert ids[-len(turn2):] == turn2 and mask[-len(turn2):] == [1] * len(turn2)
+    # everything between the two turns is the observation: mask 0, and nothing else has mask 0
+    middle = ids[len(turn1): len(ids) - len(turn2)]
+    assert mask[len(turn1): len(ids) - len(turn2)] == [0] * len(middle)
+    assert sum(mask) == len(turn1) + len(turn2)
+    obs_text = tok.decode(middle)
+    assert "<observation>" in obs_text and "[image_zoom_in]" in obs_text
+    # the zoomed crop is a new image: in the observation tokens and in multi_modal_data
+    assert middle.count(tok.convert_tokens_to_ids("<|vision_start|>")) == 1
+    assert len(out.multi_modal_data["images"]) == 2
+    assert [c["n_images"] for c in server.calls] == [1, 2]
+    # the env's terminal reward is the trajectory's reward
+    assert out.reward_score == 1.0
+    summary = out.extra_fields["medvqa"]
+    assert summary["end_reason"] == "answer" and summary["correct"] is True
+    assert summary["num_tool_calls"] == 1 and summary["tool_names"] == ["image_zoom_in"]
+    assert summary["reward_components"]["accuracy"] == 1.0
+    assert out.extra_fields["reward_extra_info"]["acc"] == 1.0
+    assert out.extra_fields["turn_scores"] == [0.0, 1.0]
+    assert out.num_turns == 4  # prompt + 2 assistant turns + 1 observation
+    assert out.response_logprobs is not None and len(out.response_logprobs) == len(ids)
+    # the prompt is the env's: system prompt listing the tools, then the question with its image
+    prompt = tok.decode(out.prompt_ids)
+    assert "image_zoom_in" in prompt and record.question in prompt
+    assert out.prompt_ids.count(tok.convert_tokens_to_ids("<|vision_start|>")) == 1
+
+
+def test_wrong_answer_gets_negative_reward(stack):
+    out, _, _ = run_episode(stack, make_config(), [r"\boxed{yes}"], 1)
+    assert out.reward_score == -1.0
+    assert out.extra_fields["medvqa"]["correct"] is False
+    assert sum(out.response_mask) == len(out.response_mask)  # one model turn, no observation
+
+
+def test_free_generation_runs_to_max_turns(stack):
+    """A random model never answers: 3 tool turns of format feedback, then the env truncates."""
+    out, server, _ = run_episode(stack, make_config(**{"env.max_turns": 2}), None, 1)
+    assert out.extra_fields["medvqa"]["end_reason"] == "max_turns"
+    assert out.reward_score == -1.0  # CLOSED, no answer
+    assert len(server.calls) == 3  # 2 tool turns + the last chance to answer
+    # every token the server produced is trainable; observations between turns are not
+    assert sum(out.response_mask) == sum(c["n_tokens"] for c in server.calls)
+    assert out.response_mask.count(0) > 0 and out.response_mask[0] == 1
+
+
+def test_token_budget_ends_episode(stack):
+    """A tiny response_length cuts the episode; output stays within it and counts as no answer."""
+    out, _, _ = run_episode(stack, make_config(response_length=80), [ZOOM, ZOOM, ZOOM], 1)
+    assert out.extra_fields["medvqa"]["end_reason"] == "length"
+    assert len(out.response_ids) <= 80 and len(out.response_mask) == len(out.response_ids)
+    assert out.reward_score == -1.0
+
+
+def test_concurrent_episodes_and_overlong_penalty(stack):
+    """Two episodes share the event loop (env steps run in threads); DAPO's overlong buffer applies."""
+    cfg = make_config(response_length=256, **{"overlong_buffer.enable": True, "overlong_buffer.len": 250})
+    server = CPUStandInServerManager(stack["model"], stack["tok"], stack["proc"], responses=[r"\boxed{no}"])
+
+    async def go():
+        loop = make_loop(stack, cfg, server)
+        return await asyncio.gather(*[
+            loop.run(dict(SAMPLING), raw_prompt=[], extra_info={"record_id": stack["dataset"][i].id})
+            for i in (1, 3)])
+
+    outs = asyncio.run(go())
+    for out in outs:
+        n = len(out.response_ids)
+        expected_penalty = min(-(n - 6) / 250, 0.0)
+        assert out.extra_fields["reward_extra_info"]["overlong_penalty"] == pytest.approx(expected_penalty)
+        assert out.reward_score == pytest.approx(1.0 + expected_penalty)
+    assert {o.extra_fields["medvqa"]["record_id"] for o in outs} == {stack["dataset"][1].id, stack["dataset"][3].id}
+    assert isinstance(make_loop(stack, cfg, server), MedVQAAgentLoop)

@@ -1,0 +1,264 @@
+"""``medvqa_agent``: verl's agent loop for multi-turn rollouts in :class:`medvqa_env.MedVQAEnv`.
+
+One call of :meth:`MedVQAAgentLoop.run` is one episode:
+
+1. ``env.reset`` on the row's ``extra_info.record_id``; the env's system + user messages (tools
+   listed in the system prompt, the question's images) become the prompt tokens through verl's
+   Continuous Token builder, the same tokenization path as verl's ``ToolAgentLoop``;
+2. generate one turn through ``self.server_manager`` (vLLM/SGLang on GPU), capped at
+   ``medvqa.max_action_length`` tokens and the remaining ``response_length``; these tokens get
+   ``response_mask`` 1;
+3. ``env.step(text)`` in a worker thread (tools may take seconds; the event loop keeps serving
+   the other trajectories);
+4. the env's observation message (tool output text, capped at ``medvqa.max_obs_length`` tokens,
+   plus any new images) is appended with ``response_mask`` 0 and its images join
+   ``multi_modal_data["images"]``;
+5. repeat until the env ends the episode (a final answer, or ``max_turns`` tool turns used) or
+   the token budget runs out.
+
+The env's terminal reward is ``AgentLoopOutput.reward_score``, so verl uses it directly (its
+reward manager is skipped); the reward components, tool-call counts and the end reason travel in
+``extra_fields`` (``medvqa`` for the episode summary; ``reward_extra_info`` for the fixed,
+numeric per-sample keys verl logs and DAPO's group filter reads: ``acc``).
+
+Settings come from the ``medvqa`` section of the trainer config (see
+:mod:`train.verl_integration.config`): ``env`` (kwargs for ``MedVQAEnv``), ``max_action_length``,
+``max_obs_length``, ``stop``, ``overlong_buffer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from typing import Any, Mapping
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.utils.profiler import simple_timer
+
+from train.verl_integration.config import AGENT_NAME, MEDVQA_DEFAULTS
+from train.verl_integration.reward import overlong_penalty, score_turn, shared_reward
+
+logger = logging.getLogger(__name__)
+
+_DATASETS: dict[str, Any] = {}
+_DATASETS_LOCK = threading.Lock()
+REWARD_EXTRA_KEYS = ("score", "acc", "format_ok", "answered", "num_tool_calls", "num_tool_turns", "overlong_penalty")
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain Python (verl hands sections over as ``DictConfig``)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with verl
+        pass
+    return value
+
+
+def load_settings(trainer_config: Any) -> dict[str, Any]:
+    """``MEDVQA_DEFAULTS`` overlaid with the config's ``medvqa`` section (one level deep for dicts)."""
+    section = _plain(trainer_config.get("medvqa")) if hasattr(trainer_config, "get") else None
+    settings = json.loads(json.dumps(MEDVQA_DEFAULTS))
+    for key, value in (section or {}).items():
+        if isinstance(value, Mapping) and isinstance(settings.get(key), dict):
+            settings[key] = {**settings[key], **value}
+        else:
+            settings[key] = value
+    return settings
+
+
+def shared_dataset(env_kwargs: Mapping[str, Any]):
+    """The env's dataset, loaded once per worker process and shared by every episode."""
+    from medvqa_env.datasets import load_dataset
+
+    key = json.dumps({k: env_kwargs.get(k) for k in ("dataset", "split", "dataset_options")},
+                     sort_keys=True, default=str)
+    with _DATASETS_LOCK:
+        if key not in _DATASETS:
+            _DATASETS[key] = load_dataset(env_kwargs.get("dataset", "embedded"), split=env_kwargs.get("split", "train"),
+                                          **dict(env_kwargs.get("dataset_options") or {}))
+        return _DATASETS[key]
+
+
+def make_env(env_kwargs: Mapping[str, Any]):
+    """A fresh ``MedVQAEnv`` per episode, over the shared dataset and the shared reward."""
+    from medvqa_env.env import MedVQAEnv
+
+    kwargs = {k: v for k, v in env_kwargs.items() if k not in ("dataset", "split", "dataset_options")}
+    kwargs.setdefault("reward", shared_reward())
+    return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
+
+
+def to_verl_message(message: Mapping[str, Any], images: list[Any]) -> dict[str, Any]:
+    """An env chat message (images by ``image_index``) -> verl's form (``{"type": "image", "image": PIL}``)."""
+    content = message["content"]
+    if message.get("role") == "tool" and message.get("images"):
+        blocks = [{"type": "image", "image": images[i]} for i in message["images"]]
+        return {"role": "tool", "content": blocks + [{"type": "text", "text": content}]}
+    if isinstance(content, str):
+        return {"role": message["role"], "content": content}
+    blocks = []
+    for part in content:
+        if part.get("type") == "image":
+            blocks.append({"type": "image", "image": images[part["image_index"]]})
+        else:
+            blocks.append({"type": "text", "text": part.get("text", "")})
+    return {"role": message["role"], "content": blocks}
+
+
+@register(AGENT_NAME)
+class MedVQAAgentLoop(AgentLoopBase):
+    """verl agent loop over :class:`medvqa_env.MedVQAEnv` (see the module docstring)."""
+
+    def __init__(self, *args: Any, tools: Any = None, **kwargs: Any) -> None:
+        kwargs.pop("name", None)  # present when registered through agent_loop_config_path
+        super().__init__(*args, **kwargs)
+        del tools  # our tools run inside the env, not as verl tools
+        self.settings = load_settings(self.config)
+        self.env_kwargs = dict(self.settings["env"])
+        self.response_length = int(self.rollout_config.response_length)
+        self.max_action_length = int(self.settings["max_action_length"])
+        self.max_obs_length = int(self.settings["max_obs_length"])
+        self.stop = list(self.settings.get("stop") or [])
+        self.overlong = dict(self.settings.get("overlong_buffer") or {})
+        self.eos_id = self.tokenizer.eos_token_id
+
+    # ------------------------------------------------------------------------------------------
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        loop = asyncio.get_running_loop()
+        extra_info = dict(_plain(kwargs.get("extra_info")) or {})
+        env = await loop.run_in_executor(None, make_env, self.env_kwargs)
+        try:
+            return await self._episode(env, loop, sampling_params, extra_info, kwargs)
+        finally:
+            await loop.run_in_executor(None, env.close)
+
+    async def _episode(self, env, loop, sampling_params, extra_info, kwargs) -> AgentLoopOutput:
+        options = ({"record_id": str(extra_info["record_id"])} if extra_info.get("record_id")
+                   else {"index": int(extra_info.get("index", kwargs.get("index", 0)))})
+        await loop.run_in_executor(None, lambda: env.reset(options=options))
+        images = list(env.images)
+        messages = [to_verl_message(m, images) for m in env.messages]
+        self._assert_mm_supported(bool(images))
+        prompt_ids = await self.ct_build_initial_tokens(messages, images=images or None)
+
+        metrics: dict[str, Any] = {}
+        runtime_ids, mask, logprobs = list(prompt_ids), [], []
+        request_id = (f"det-{kwargs.get('priority', 0)}" if self.rollout_config.full_determinism else uuid4().hex)
+        turn_scores: list[float] = []
+        assistant_turns = user_turns = n_tool_calls = 0
+        last_text, step_info, reward, end_reason, preempted = "", {}, None, None, 0
+
+        while True:
+            budget = self.response_length - len(mask)
+            if budget <= 0:
+                end_reason = "length"
+                break
+            params = {**sampling_params, "max_tokens": min(self.max_action_length, budget)}
+            if self.stop:
+                params.update(stop=self.stop, include_stop_str_in_output=True)
+            with simple_timer("generate_sequences", metrics):
+                out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
+                                                         sampling_params=params, image_data=images or None)
+            preempted += int(out.num_preempted or 0)
+            assistant_turns += 1
+            want_lp = bool(logprobs) or bool(out.log_probs)
+            merged, mask, lp = await self.ct_merge_assistant_token(
+                runtime_ids, out.token_ids, mask, logprobs if want_lp else None,
+                assistant_logprobs=list(out.log_probs) if out.log_probs else None)
+            runtime_ids, logprobs = merged.token_ids, (lp or [])
+            if out.token_ids and out.token_ids[-1] != self.eos_id and self.eos_id is not None:
+                # stopped by length or a stop string: close the turn as the chat template would
+                runtime_ids = runtime_ids + [self.eos_id]
+                mask = mask + [0]
+                logprobs = logprobs + [0.0] if logprobs else logprobs
+            last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+            with simple_timer("tool_calls", metrics):
+                _, r, terminated, truncated, step_info = await loop.run_in_executor(None, env.step, last_text)
+            turn_scores.append(float(r))
+            n_tool_calls += len(step_info.get("tool_calls", []))
+            if terminated or truncated:
+                reward, end_reason = float(r), step_info.get("end_reason")
+                break
+
+            previous = messages + [{"role": "assistant", "content": last_text}]
+            n_before, images = len(images), list(env.images)
+            observation = self._capped(to_verl_message(env.messages[-1], images))
+            self._assert_mm_supported(len(images) > n_before)
+            messages = previous + [observation]
+            merged, mask, lp = await self.ct_merge_context_msg(previous, messages, runtime_ids, mask,
+                                                               logprobs if logprobs else None)
+            runtime_ids, logprobs = merged.token_ids, (lp or [])
+            user_turns += 1
+
+        if reward is None:  # the token budget ended the episode: score it as "no answer"
+            record = env.record
+            info = {"answer_type": record.answer_type.value, "options": dict(record.options),
+                    "answer_protocol": self.env_kwargs.get("answer_protocol", "boxed"), "record_id": record.id}
+            scored = await loop.run_in_executor(None, lambda: score_turn("", record.answer, info, env.reward_fn))
+            reward = scored["score"]
+        return self._output(env, runtime_ids, mask, logprobs, images, reward, end_reason, step_info, metrics,
+                            turn_scores, assistant_turns, user_turns, n_tool_calls, preempted)
+
+    # ------------------------------------------------------------------------------------------
+    def _capped(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Cap an observation's text at ``max_obs_length`` tokens (the seed's max_obs_length)."""
+        def cap(text: str) -> str:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) <= self.max_obs_length:
+                return text
+            return self.tokenizer.decode(ids[: self.max_obs_length]) + "...(truncated)"
+
+        if isinstance(message["content"], str):
+            return {**message, "content": cap(message["content"])}
+        return {**message, "content": [({**b, "text": cap(b["text"])} if b.get("type") == "text" else b)
+                                       for b in message["content"]]}
+
+    def _output(self, env, runtime_ids, mask, logprobs, images, reward, end_reason, step_info, metrics,
+                turn_scores, assistant_turns, user_turns, n_tool_calls, preempted) -> AgentLoopOutput:
+        n_prompt = len(runtime_ids) - len(mask)
+        prompt_ids, response_ids = runtime_ids[:n_prompt], runtime_ids[n_prompt:]
+        penalty = 0.0
+        if self.overlong.get("enable"):
+            penalty = overlong_penalty(min(len(response_ids), self.response_length), self.response_length,
+                                       int(self.overlong.get("len", 1024)), float(self.overlong.get("penalty_factor", 1.0)))
+        total = float(reward) + penalty
+        components = dict(step_info.get("reward_components") or {})
+        record = env.record
+        summary = {
+            "record_id": record.id, "dataset": record.dataset, "answer_type": record.answer_type.value,
+            "end_reason": end_reason, "answer": step_info.get("answer"), "ground_truth": record.answer,
+            "correct": step_info.get("correct"), "format_ok": step_info.get("format_ok"),
+            "num_tool_calls": n_tool_calls, "num_tool_turns": env.tool_turns, "num_images": len(images),
+            "reward": total, "env_reward": float(reward), "reward_components": components,
+            "tool_names": [c["name"] for t in env.trace for c in t["tool_calls"]],
+        }
+        reward_info = {
+            "score": total,
+            "acc": float(components.get("accuracy", 0.0)),
+            "format_ok": float(bool(step_info.get("format_ok"))),
+            "answered": float(step_info.get("answer") is not None),
+            "num_tool_calls": float(n_tool_calls),
+            "num_tool_turns": float(env.tool_turns),
+            "overlong_penalty": penalty,
+        }
+        metrics_obj = AgentLoopMetrics(generate_sequences=metrics.get("generate_sequences", 0.0),
+                                       tool_calls=metrics.get("tool_calls", 0.0), num_preempted=preempted)
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids[: self.response_length],
+            response_mask=mask[: self.response_length],
+            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            multi_modal_data={"images": images} if images else {},
+            reward_score=total,
+            num_turns=assistant_turns + user_turns + 1,
+            metrics=metrics_obj,
+            extra_fields={"medvqa": summary, "reward_extra_info": reward_info, "turn_scores": turn_scores,
+                          "tool_rewards": []},
+        )

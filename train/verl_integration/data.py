@@ -1,0 +1,127 @@
+"""Our datasets -> verl's RL parquet format.
+
+One row per :class:`~medvqa_env.records.VQARecord`, in the layout ``verl.utils.dataset.RLHFDataset``
+reads:
+
+* ``data_source`` -- ``"medvqa/<dataset>"`` (verl's reward routing key);
+* ``prompt`` -- chat messages: the env's system prompt (it lists the tools' JSON schemas) and the
+  user turn with one ``<image>`` placeholder per image, exactly as ``MedVQAEnv.reset`` builds them;
+* ``images`` -- ``[{"bytes": ...}]`` (the original file bytes, portable across nodes) or
+  ``[{"image": "/abs/path"}]`` with ``image_mode="path"``;
+* ``ability`` -- ``"medical_vqa"``;
+* ``reward_model`` -- ``{"style": "rule", "ground_truth": answer}``;
+* ``extra_info`` -- ``index``, ``record_id``, ``dataset``, ``split``, ``answer_type``, ``question``,
+  ``options`` (a list of ``{"key", "text"}``: parquet needs one schema for every row),
+  ``modality``, ``organ``;
+* ``agent_name`` -- ``"medvqa_agent"`` (picks our agent loop per row).
+
+The agent loop re-creates the episode from ``extra_info.record_id`` with the env, so the prompt in
+the parquet is what verl uses for length filtering and what single-turn validation would see.
+
+>>> options_to_rows({"A": "0", "B": "1"})
+[{'key': 'A', 'text': '0'}, {'key': 'B', 'text': '1'}]
+>>> options_from_rows([{'key': 'A', 'text': '0'}])
+{'A': '0'}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from medvqa_env import prompts
+from medvqa_env.errors import ConfigError
+from medvqa_env.records import VQADataset, VQARecord
+
+from train.verl_integration.config import AGENT_NAME
+
+IMAGE_MODES = ("bytes", "path")
+ABILITY = "medical_vqa"
+
+
+def options_to_rows(options: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"key": str(k), "text": str(v)} for k, v in options.items()]
+
+
+def options_from_rows(rows: Iterable[Mapping[str, Any]] | None) -> dict[str, str]:
+    return {str(r["key"]): str(r["text"]) for r in (rows or [])}
+
+
+def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode: str = "bytes") -> dict[str, Any]:
+    """One verl row for ``record`` (``index`` is its position in the dataset)."""
+    if image_mode not in IMAGE_MODES:
+        raise ConfigError(f"expected image_mode in {IMAGE_MODES}, got {image_mode!r}")
+    user_text = "<image>" * len(record.image_paths) + prompts.question_prompt(record)
+    if image_mode == "bytes":
+        images = [{"bytes": Path(p).read_bytes()} for p in record.image_paths]
+    else:
+        images = [{"image": str(p)} for p in record.image_paths]
+    return {
+        "data_source": f"medvqa/{record.dataset}",
+        "prompt": [{"role": "system", "content": system_prompt}, {"role": "user", "content": user_text}],
+        "images": images,
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": record.answer},
+        "extra_info": {
+            "index": int(index),
+            "record_id": record.id,
+            "dataset": record.dataset,
+            "split": record.split,
+            "answer_type": record.answer_type.value,
+            "question": record.question,
+            "options": options_to_rows(record.options),
+            "modality": record.modality or "",
+            "organ": record.organ or "",
+        },
+        "agent_name": AGENT_NAME,
+    }
+
+
+def dataset_to_rows(dataset: VQADataset, system_prompt: str, image_mode: str = "bytes",
+                    limit: int | None = None) -> list[dict[str, Any]]:
+    n = len(dataset) if limit is None else min(int(limit), len(dataset))
+    return [record_to_row(dataset[i], i, system_prompt, image_mode) for i in range(n)]
+
+
+def env_system_prompt(env_kwargs: Mapping[str, Any] | None = None, dataset: VQADataset | None = None) -> str:
+    """The system prompt ``MedVQAEnv`` builds for these env kwargs (tools + answer protocol)."""
+    from medvqa_env.env import MedVQAEnv
+
+    kwargs = dict(env_kwargs or {})
+    if dataset is not None:
+        kwargs["dataset"] = dataset
+    env = MedVQAEnv(**kwargs)
+    try:
+        return env.system_prompt
+    finally:
+        env.close()
+
+
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows as one parquet file (parent folders are created)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        raise ConfigError(f"expected at least one row to write to {path}, got none")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(list(rows)), path)
+    return path
+
+
+def convert(env_kwargs: Mapping[str, Any], out_path: str | Path, split: str | None = None,
+            image_mode: str = "bytes", limit: int | None = None) -> Path:
+    """Load the env's dataset (``env_kwargs["dataset"]``, ``split``, ``dataset_options``) and write
+    it to ``out_path`` as verl parquet. Returns the path."""
+    from medvqa_env.datasets import load_dataset
+
+    kwargs = dict(env_kwargs)
+    name = kwargs.get("dataset", "embedded")
+    split = split or kwargs.get("split", "train")
+    dataset = name if isinstance(name, VQADataset) else load_dataset(
+        name, split=split, **dict(kwargs.get("dataset_options") or {}))
+    kwargs.pop("split", None)
+    kwargs.pop("dataset_options", None)
+    system_prompt = env_system_prompt(kwargs, dataset=dataset)
+    return write_parquet(dataset_to_rows(dataset, system_prompt, image_mode, limit), out_path)

@@ -1,0 +1,158 @@
+"""Launch GRPO/GSPO/DAPO/Dr.GRPO training of a MedVQA agent on verl (Ray, vLLM, FSDP).
+
+``python train/grpo.py --engine verl [options] [key=value ...]`` lands here (``run(argv)``), as
+does ``python -m train.verl_integration.launch``. Steps:
+
+1. compose verl's ``ppo_trainer`` config with the seed's settings, the algorithm preset and the
+   overrides (:func:`train.verl_integration.config.compose_config`);
+2. write the agent-loop registry file (``medvqa_agent`` -> :class:`MedVQAAgentLoop`) and, with
+   ``--prepare-data``, the train/val parquet files from the env's dataset;
+3. validate against verl's schema (:func:`train.verl_integration.config.validate`);
+4. ``--dry-run``: print the composed config (YAML) and stop. Otherwise check for a GPU, vLLM and
+   ``transfer_queue`` and start ``verl.trainer.main_ppo``'s Ray run with the config.
+
+Exit codes: 0 success, 2 bad arguments or config, 3 missing GPU or GPU-only dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from medvqa_env.errors import ConfigError
+
+from train.verl_integration.config import AGENT_LOOP_TARGET, AGENT_NAME, ALGORITHMS, REPO_ROOT
+
+EXIT_OK, EXIT_CONFIG, EXIT_NO_GPU = 0, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train/grpo.py --engine verl",
+        description="GRPO with tools on verl. Trailing key=value arguments override verl's config "
+                    "(Hydra syntax, e.g. actor_rollout_ref.rollout.n=4) or ours (medvqa.env.dataset=slake).")
+    p.add_argument("--engine", default="verl", help=argparse.SUPPRESS)  # accepted when forwarded by grpo.py
+    p.add_argument("--algorithm", default="grpo", choices=sorted(ALGORITHMS), help="loss/advantage preset")
+    p.add_argument("--output-dir", default=None,
+                   help="run folder for the agent-loop file, the config and data (default outputs/verl/<experiment>)")
+    p.add_argument("--train-files", default=None, help="verl parquet for training (default <output-dir>/data/train.parquet)")
+    p.add_argument("--val-files", default=None, help="verl parquet for validation (default <output-dir>/data/val.parquet)")
+    p.add_argument("--prepare-data", action="store_true",
+                   help="convert the env's dataset (medvqa.env.*) to the train/val parquet files first")
+    p.add_argument("--val-split", default="test", help="split used for --val-files with --prepare-data")
+    p.add_argument("--image-mode", default="bytes", choices=["bytes", "path"], help="how parquet rows carry images")
+    p.add_argument("--limit", type=int, default=None, help="convert at most this many records per split")
+    p.add_argument("--dry-run", action="store_true", help="print the composed, validated config and exit")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    return p
+
+
+def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str | None, write: bool = True):
+    """Point the config at the agent-loop registry file (written when ``write``), the data and
+    this repository (on the Ray workers' ``PYTHONPATH``)."""
+    from omegaconf import OmegaConf
+
+    registry = output_dir / "agent_loops.yaml"
+    if write:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        registry.write_text(f"- name: {AGENT_NAME}\n  _target_: {AGENT_LOOP_TARGET}\n")
+    OmegaConf.set_struct(cfg, False)
+    cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path = str(registry)
+    cfg.data.train_files = train_files or str(output_dir / "data" / "train.parquet")
+    cfg.data.val_files = val_files or str(output_dir / "data" / "val.parquet")
+    # Ray workers (agent loops, reward workers) must import this repository.
+    env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    for key in ("MEDVQA_CACHE", "MEDVQA_VQA_RAD", "HF_HUB_OFFLINE"):
+        if key in os.environ:
+            env_vars[key] = os.environ[key]
+    runtime_env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=False) or {}
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
+    cfg.ray_kwargs.ray_init.runtime_env = runtime_env
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None) -> list[Path]:
+    """Write ``data.train_files`` / ``data.val_files`` from the env's dataset."""
+    from omegaconf import OmegaConf
+
+    from train.verl_integration.data import convert
+
+    env_kwargs = OmegaConf.to_container(cfg.medvqa.env, resolve=True)
+    train = convert(env_kwargs, cfg.data.train_files, split=env_kwargs.get("split", "train"),
+                    image_mode=image_mode, limit=limit)
+    val = convert(env_kwargs, cfg.data.val_files, split=val_split, image_mode=image_mode, limit=limit)
+    return [train, val]
+
+
+def preflight() -> list[str]:
+    """What is missing for a real launch (empty when ready)."""
+    problems = []
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append("no CUDA GPU visible (torch.cuda.is_available() is False); verl's FSDP actor and "
+                            "vLLM rollout need GPUs -- run on a GPU node, or use --dry-run here")
+    except ImportError:
+        problems.append("torch is not installed")
+    for module, hint in (("vllm", "pip install vllm (verl's rollout server)"),
+                         ("transfer_queue", "pip install 'verl[...]' with TransferQueue (verl's v1 trainer)")):
+        if importlib.util.find_spec(module) is None:
+            problems.append(f"python package {module!r} is missing: {hint}")
+    return problems
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Entry point for ``train/grpo.py --engine verl``; returns the process exit code."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from omegaconf import OmegaConf
+
+    from train.verl_integration.config import compose_config, validate
+
+    try:
+        cfg = compose_config(args.overrides, algorithm=args.algorithm)
+        output_dir = Path(args.output_dir or REPO_ROOT / "outputs" / "verl" / str(cfg.trainer.experiment_name))
+        cfg = prepare_run(cfg, output_dir, args.train_files, args.val_files, write=not args.dry_run)
+        validate(cfg)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    if args.dry_run:
+        print(f"# verl config for train/grpo.py --engine verl --algorithm {args.algorithm} (validated against verl)")
+        print(OmegaConf.to_yaml(cfg))
+        return EXIT_OK
+
+    if args.prepare_data:
+        for path in prepare_data(cfg, args.val_split, args.image_mode, args.limit):
+            print(f"wrote {path}")
+    missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(str(f)).is_file()]
+    if missing:
+        print(f"error: data file(s) not found: {missing}; pass --train-files/--val-files or --prepare-data",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    problems = preflight()
+    if problems:
+        print("error: cannot launch verl here:\n  - " + "\n  - ".join(problems), file=sys.stderr)
+        return EXIT_NO_GPU
+    (output_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
+
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(cfg)
+    run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    return EXIT_OK
+
+
+def main() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

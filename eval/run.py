@@ -110,6 +110,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-model", default="gpt-5")
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's API key")
     p.add_argument("--judge-timeout", type=float, default=60.0)
+    p.add_argument("--judge-retries", type=int, default=2)
     p.add_argument("--judge-workers", type=int, default=8)
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for CIs (0 = none)")
     p.add_argument("--retry-errors", action="store_true", help="rerun episodes that recorded an error")
@@ -128,16 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from eval.runner import EvalConfig, evaluate
     from medvqa_env.datasets import load_dataset
 
-    agent = None
+    agent = judge = None
     try:
         dataset = load_dataset(args.dataset, split=args.split, **parse_options(args.dataset_opt, "--dataset-opt"))
         agent = build_agent(args.agent, **parse_options(args.agent_opt, "--agent-opt"))
-        judge = None
         if args.judge_url:
             from eval.judge import build_judge
 
             judge = build_judge(args.judge_url, model=args.judge_model, timeout_s=args.judge_timeout,
-                                api_key=os.environ.get(args.judge_api_key_env))
+                                api_key_env=args.judge_api_key_env or None, max_retries=args.judge_retries)
         config = EvalConfig(
             k=args.k, seed=args.seed, limit=args.limit, workers=args.workers, batch_size=args.batch_size,
             tools=parse_tools(args.tools), max_turns=args.max_turns, answer_protocol=args.answer_protocol,
@@ -153,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if agent is not None:
             agent.close()
+        if judge is not None:
+            judge.close()
     print(to_markdown(summary).split("## By dataset")[0].rstrip())
     print(f"\nWrote {Path(args.out) / 'report.md'}, report.html, summary.json, episodes.jsonl")
     return 0

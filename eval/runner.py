@@ -400,6 +400,8 @@ def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None
 
     config = config or EvalConfig()
     info = run_info(agent, dataset, config, split)
+    if judge is not None:
+        info["judge"] = judge.describe() if hasattr(judge, "describe") else repr(judge)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,77 @@
+"""``python -m eval.run`` as a real subprocess: kill it mid-run, rerun, nothing lost or changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eval.results import load_results
+
+from helpers import by_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def eval_cmd(manifest: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "eval.run", "--agent", "scripted", "--agent-opt", "bad_tool_on=q04",
+            "--dataset", str(manifest), "--out", str(out), "--k", "2", "--workers", "2", "--batch-size", "4",
+            "--no-open-metrics", "--no-progress", "--bootstrap", "50", *extra]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+
+
+def test_killed_run_resumes_to_the_same_results(tmp_path, manifest):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(eval_cmd(manifest, whole), cwd=REPO, env=env(), check=True, capture_output=True, timeout=120)
+
+    proc = subprocess.Popen(eval_cmd(manifest, killed, "--agent-opt", "delay_s=0.15"), cwd=REPO, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = killed / "episodes.jsonl"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(load_results(results)) < 4:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    n_before = len(load_results(results))
+    assert 4 <= n_before < 24, "the run should have been killed mid-way"
+
+    rerun = subprocess.run(eval_cmd(manifest, killed), cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert by_key(load_results(killed)) == by_key(load_results(whole))
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["timing"]["new_episodes"] == 24 - n_before
+    assert summary["overall"] == json.loads((whole / "summary.json").read_text())["overall"]
+
+    table = subprocess.run([sys.executable, "-m", "eval.compare", str(whole), str(killed), "--names", "a,b"],
+                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=60, check=True).stdout
+    assert table.splitlines()[0].startswith("| Run | episodes | CLOSED | OPEN Avg (ARMed)")
+    assert table.count("✅") == 2  # identical runs tie
+
+
+def test_cli_reports_caller_errors_clearly(tmp_path, manifest):
+    from eval.run import main
+
+    assert main(["--agent", "no-such-agent", "--dataset", str(manifest), "--out", str(tmp_path / "x")]) == 2
+    assert main(["--agent", "scripted", "--dataset", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "y")]) == 2
+
+
+def test_cli_runs_in_process_and_writes_reports(tmp_path, manifest, capsys):
+    from eval.run import main
+
+    out = tmp_path / "run"
+    rc = main(["--agent", "scripted", "--dataset", str(manifest), "--out", str(out), "--workers", "0",
+               "--limit", "6", "--no-open-metrics", "--no-progress", "--tools", "image_zoom_in", "--bootstrap", "50"])
+    assert rc == 0
+    assert "## Headline" in capsys.readouterr().out
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4 and "Tool use" in html
+    assert json.loads((out / "summary.json").read_text())["n_episodes"] == 6

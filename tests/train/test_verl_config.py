@@ -1,0 +1,126 @@
+"""Composing verl's own ppo_trainer config with the seed's settings, presets and overrides; the launcher."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from medvqa_env.errors import ConfigError  # noqa: E402
+from train.verl_integration import launch  # noqa: E402
+from train.verl_integration.config import (  # noqa: E402
+    AGENT_NAME,
+    ALGORITHMS,
+    SEED_SETTINGS,
+    compose_config,
+    validate,
+)
+
+
+@pytest.fixture(scope="module")
+def default_cfg():
+    return compose_config()
+
+
+def test_seed_settings_land_on_verl_keys(default_cfg):
+    for s in SEED_SETTINGS:
+        if s.key == "actor_rollout_ref.actor.ppo_mini_batch_size":
+            continue  # an interpolation of data.train_batch_size, checked below
+        assert OmegaConf.select(default_cfg, s.key) == s.value, s.key
+    a = default_cfg.actor_rollout_ref
+    assert a.model.path == "Qwen/Qwen3-VL-8B-Instruct"
+    assert (a.rollout.n, default_cfg.data.train_batch_size, a.rollout.temperature) == (8, 32, 0.7)
+    assert (a.actor.optim.lr, a.actor.use_kl_loss, a.actor.kl_loss_coef) == (1e-6, True, 0.01)
+    assert a.actor.ppo_mini_batch_size == 32
+    assert default_cfg.algorithm.adv_estimator == "grpo"
+    # verl derives the rollout lengths from data.*; the seed's caps reach the agent loop
+    assert a.rollout.response_length == default_cfg.data.max_response_length == 8192
+    assert default_cfg.medvqa.max_action_length == 4096 and default_cfg.medvqa.max_obs_length == 8192
+    assert default_cfg.medvqa.env.max_turns == 3
+    assert a.rollout.multi_turn.enable and a.rollout.agent.default_agent_loop == AGENT_NAME
+    assert default_cfg.reward.custom_reward_function.name == "compute_score"
+    assert default_cfg.reward.custom_reward_function.path.endswith("train/verl_integration/reward.py")
+
+
+def test_default_config_passes_verl_validation(default_cfg):
+    validate(default_cfg)
+
+
+def test_overrides_win_over_seed_and_preset():
+    cfg = compose_config(["actor_rollout_ref.rollout.n=4", "data.train_batch_size=16",
+                          "actor_rollout_ref.actor.clip_ratio_high=0.3", "medvqa.env.dataset=slake",
+                          "medvqa.env.max_turns=1", "trainer.experiment_name=mine"], algorithm="dapo")
+    assert cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.3  # preset said 0.28
+    assert cfg.medvqa.env.dataset == "slake" and cfg.medvqa.env.max_turns == 1
+    assert cfg.medvqa.env.answer_protocol == "boxed"  # untouched defaults stay
+    assert cfg.trainer.experiment_name == "mine"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_algorithm_presets_as_verl_spells_them(algorithm):
+    cfg = compose_config(algorithm=algorithm)
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    if algorithm == "gspo":
+        assert actor.policy_loss.loss_mode == "gspo" and actor.loss_agg_mode == "seq-mean-token-mean"
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (3e-4, 4e-4)
+    elif algorithm == "dapo":
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+        assert algo.filter_groups.enable and algo.filter_groups.metric == "acc"
+        assert cfg.medvqa.overlong_buffer.enable
+    elif algorithm == "drgrpo":
+        assert algo.norm_adv_by_std_in_grpo is False and actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    else:
+        assert actor.policy_loss.loss_mode == "vanilla" and algo.norm_adv_by_std_in_grpo is True
+    assert actor.use_kl_loss and actor.kl_loss_coef == 0.01  # the seed's KL stays on in every preset
+    assert cfg.trainer.experiment_name == f"qwen3vl_8b_armed_{algorithm}"
+    validate(cfg)
+
+
+def test_bad_inputs_fail_clearly():
+    with pytest.raises(ConfigError, match="Did you mean 'grpo'"):
+        compose_config(algorithm="grop")
+    with pytest.raises(ConfigError, match="verl rejected an override"):
+        compose_config(["data.no_such_key=1"])
+    with pytest.raises(ConfigError, match="key=value"):
+        compose_config(["data.train_batch_size"])
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
+        validate(compose_config(["actor_rollout_ref.actor.ppo_mini_batch_size=64"]))
+    with pytest.raises(ConfigError, match="overlong_buffer.len"):
+        validate(compose_config(["medvqa.overlong_buffer.len=9000"], algorithm="dapo"))
+
+
+def test_dry_run_prints_validated_config(capsys, tmp_path):
+    rc = launch.run(["--engine", "verl", "--dry-run", "--algorithm", "gspo", "--output-dir", str(tmp_path),
+                     "data.train_batch_size=8", "medvqa.env.dataset=embedded"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    cfg = OmegaConf.create(out.split("\n", 1)[1])
+    assert cfg.data.train_batch_size == 8 and cfg.medvqa.env.dataset == "embedded"
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(tmp_path / "agent_loops.yaml")
+    assert "PYTHONPATH" in cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_bad_override_exits_2(capsys):
+    assert launch.run(["--dry-run", "actor_rollout_ref.rollout.nn=3"]) == launch.EXIT_CONFIG
+    assert "verl rejected" in capsys.readouterr().err
+
+
+def test_launch_without_gpu_prepares_then_fails_clearly(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path / "cache"))
+    rc = launch.run(["--output-dir", str(tmp_path), "--prepare-data", "--limit", "4", "--val-split", "val",
+                     "medvqa.env.dataset=embedded"])
+    captured = capsys.readouterr()
+    assert (tmp_path / "data" / "train.parquet").is_file() and (tmp_path / "data" / "val.parquet").is_file()
+    assert (tmp_path / "agent_loops.yaml").read_text().startswith(f"- name: {AGENT_NAME}")
+    if launch.preflight():  # this machine: no GPU, no vLLM
+        assert rc == launch.EXIT_NO_GPU
+        assert "cannot launch verl here" in captured.err and "GPU" in captured.err
+    else:  # pragma: no cover - a GPU node would get past the preflight
+        assert rc == launch.EXIT_OK

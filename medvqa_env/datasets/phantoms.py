@@ -93,10 +93,10 @@ def mask_bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
     >>> mask_bbox(m)
     (2, 1, 5, 3)
     """
-    ys, xs = np.nonzero(mask)
-    if len(xs) == 0:
+    cols, rows = np.flatnonzero(mask.any(axis=0)), np.flatnonzero(mask.any(axis=1))
+    if len(cols) == 0:
         raise ValueError("expected a non-empty mask, got an empty one")
-    return int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+    return int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
 
 
 # -- drawing primitives ------------------------------------------------------------------------
@@ -239,10 +239,9 @@ def _xray_chest(rng):
     img = img * (1 - soft(heart_d)) + 165 * soft(heart_d)
     spine = (np.abs(_XX - cx) < 11) & (body_d < 1)
     img[spine] = np.maximum(img[spine], 150)
-    for side in (-1, 1):                                      # clavicles
-        clav = np.abs(_YY - (44 + side * 0.0 + 0.18 * np.abs(_XX - cx))) < 3.5
-        clav &= (np.abs(_XX - cx) > 10) & (np.abs(_XX - cx) < 90)
-        img[clav] = np.maximum(img[clav], 150)
+    clav = np.abs(_YY - (44 + 0.18 * np.abs(_XX - cx))) < 3.5   # both clavicles (mirrored)
+    clav &= (np.abs(_XX - cx) > 10) & (np.abs(_XX - cx) < 90)
+    img[clav] = np.maximum(img[clav], 150)
     heart = heart_d < 1
     organs = {"right lung": (rl_d < 1) & ~heart, "left lung": (ll_d < 1) & ~heart,
               "heart": heart, "spine": spine}

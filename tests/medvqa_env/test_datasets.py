@@ -242,6 +242,20 @@ def test_hf_save_to_disk(tmp_path, monkeypatch):
         load_dataset("hf", path=tmp_path / "saved", split="val", cache_dir=tmp_path / "cache")
 
 
+def test_hf_single_saved_dataset_with_class_labels(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    blob = _image(tmp_path / "a.jpg", 7)
+    features = datasets.Features({"image": datasets.Image(), "question": datasets.Value("string"),
+                                  "answer": datasets.Value("string"),
+                                  "answer_type": datasets.ClassLabel(names=["CLOSED", "OPEN"])})
+    rows = {"image": [{"bytes": blob, "path": None}] * 2, "question": ["Is it?", "What?"],
+            "answer": ["no", "a cyst"], "answer_type": [0, 1]}
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "one"))
+    ds = load_dataset("hf", path=tmp_path / "one", split="train", cache_dir=tmp_path / "c")
+    assert [r.answer_type for r in ds] == [AnswerType.CLOSED, AnswerType.OPEN]
+    assert ds[0].image_paths == ds[1].image_paths and ds[0].image_paths[0].endswith(".jpg")
+
+
 def test_hf_parquet_folder_with_column_mapping(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

@@ -188,14 +188,16 @@ def validate_arguments(spec: ToolSpec, arguments: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 def image_digest(image: Image.Image) -> str:
     """A content hash of an image, memoised on the image (the cache key's image part)."""
+    # PIL copies ``info`` into derived images (transpose, convert, copy...), so the memo carries
+    # the id of the image it was computed for and is ignored on any other image.
     cached = image.info.get("medvqa_digest")
-    if cached:
-        return cached
+    if isinstance(cached, tuple) and cached[0] == id(image):
+        return cached[1]
     h = hashlib.blake2b(digest_size=16)
     h.update(f"{image.mode}:{image.size}".encode())
     h.update(image.tobytes())
     digest = h.hexdigest()
-    image.info["medvqa_digest"] = digest
+    image.info["medvqa_digest"] = (id(image), digest)
     return digest
 
 

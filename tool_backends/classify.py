@@ -1,0 +1,84 @@
+"""``classify``: zero-shot classification over candidate labels (the seed's BiomedCLIP server).
+
+Engines: ``clip`` / ``siglip`` via transformers, ``open_clip`` (BiomedCLIP, in its own venv),
+``oracle`` (annotated labels).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from PIL import Image
+
+from medvqa_env.errors import ToolError
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.engines import build_engine
+from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, resolve_bbox
+from tool_backends.segment import IMAGE_INDEX_SCHEMA
+
+
+def normalise_scores(scores: dict[str, float], labels: Sequence[str]) -> dict[str, float]:
+    """Engine output -> probabilities over ``labels`` in their order, summing to 1.
+
+    >>> normalise_scores({"a": 3.0, "b": 1.0}, ["a", "b"])
+    {'a': 0.75, 'b': 0.25}
+    """
+    values = [max(0.0, float(scores.get(lab, 0.0))) for lab in labels]
+    if not all(math.isfinite(v) for v in values):
+        raise ToolError("the classifier returned non-finite scores.")
+    total = sum(values)
+    if total <= 0:
+        return {lab: 1.0 / len(labels) for lab in labels}
+    return {lab: v / total for lab, v in zip(labels, values)}
+
+
+class ClassifyTool(Tool):
+    """Score candidate labels for image ``image_index`` (or a box of it)."""
+
+    def __init__(self, engine: str = "clip", max_labels: int = 32, **engine_options: Any) -> None:
+        self.engine_name = engine
+        self.engine = build_engine("classify", engine, **engine_options)
+        self.spec = ToolSpec(
+            name="classify",
+            description=("Zero-shot classification: give 2 or more candidate labels (e.g. modality, organ, finding) "
+                         "and get a probability for each, for the whole image or a box of it."),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "labels": {"type": "array", "items": {"type": "string", "maxLength": 100},
+                               "minItems": 2, "maxItems": int(max_labels), "description": "candidate labels"},
+                    "image_index": IMAGE_INDEX_SCHEMA,
+                    "bbox": {**BBOX_SCHEMA, "description": "optional [x0, y0, x1, y1] region to classify"},
+                    "coordinates": COORDINATES_SCHEMA,
+                },
+                "required": ["labels"],
+                "additionalProperties": False,
+            },
+        )
+
+    def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        index = arguments["image_index"]
+        image = pick_image(images, index)
+        source = index if index >= 0 else len(images) + index
+        labels = [lab.strip() for lab in arguments["labels"]]
+        if any(not lab for lab in labels):
+            raise ToolError("classify labels must be non-empty strings.")
+        if len(set(labels)) != len(labels):
+            raise ToolError(f"classify labels must be distinct, got {labels}.")
+        region = None
+        if "bbox" in arguments:
+            region = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])
+            image = image.crop(region)
+        scores = normalise_scores(self.engine.classify(image, labels, context=context, image_index=source), labels)
+        ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+        where = f"region {list(region)} of image {source}" if region else f"image {source}"
+        listing = ", ".join(f"{lab} {p:.3f}" for lab, p in ranked)
+        data = {"image_index": source, "engine": self.engine_name, "scores": {k: round(v, 6) for k, v in scores.items()},
+                "top": ranked[0][0], "region": list(region) if region else None}
+        return ToolResult(text=f"Classification of {where}: {listing}.", data=data)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close:
+            close()

@@ -1,0 +1,91 @@
+"""``ground``: open-vocabulary detection from a text prompt (the seed's GroundingDINO-med server).
+
+Engines: ``classical`` (bright/dark blobs), ``oracle`` (annotated boxes), ``owlvit`` and
+``grounding_dino`` via transformers, ``groundingdino`` (the original package, in its own venv).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from PIL import Image
+
+from medvqa_env.errors import ToolError
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.engines import build_engine
+from tool_backends.masks import draw_boxes
+from tool_backends.segment import IMAGE_INDEX_SCHEMA
+
+
+def clean_boxes(boxes: Sequence[dict[str, Any]], size: tuple[int, int]) -> list[dict[str, Any]]:
+    """Clip engine boxes to the image, round them, drop empty ones.
+
+    >>> clean_boxes([{"bbox": [-3, 2.26, 50, 9], "label": "x", "score": 0.91234}], (40, 40))
+    [{'bbox': [0.0, 2.3, 40.0, 9.0], 'label': 'x', 'score': 0.9123}]
+    """
+    w, h = float(size[0]), float(size[1])
+    out = []
+    for b in boxes:
+        x0, y0, x1, y1 = (float(v) for v in b["bbox"])
+        x0, x1 = min(max(x0, 0.0), w), min(max(x1, 0.0), w)
+        y0, y1 = min(max(y0, 0.0), h), min(max(y1, 0.0), h)
+        if x1 - x0 < 1 or y1 - y0 < 1:
+            continue
+        out.append({"bbox": [round(x0, 1), round(y0, 1), round(x1, 1), round(y1, 1)],
+                    "label": str(b.get("label", "")), "score": round(float(b.get("score", 0.0)), 4)})
+    return out
+
+
+class GroundTool(Tool):
+    """Find regions of image ``image_index`` matching a text prompt; boxes with scores."""
+
+    def __init__(self, engine: str = "classical", default_threshold: float = 0.1, max_boxes: int = 5,
+                 max_side: int = 4096, **engine_options: Any) -> None:
+        self.engine_name = engine
+        self.engine = build_engine("ground", engine, **engine_options)
+        self.max_boxes = int(max_boxes)
+        self.max_side = int(max_side)
+        self.spec = ToolSpec(
+            name="ground",
+            description=("Locate what a short text describes (e.g. 'nodule', 'left kidney', 'bright lesion') in an "
+                         "image. Returns boxes [x0, y0, x1, y1] in pixels with confidence scores, drawn on a new image."),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string", "maxLength": 200, "description": "what to find"},
+                    "image_index": IMAGE_INDEX_SCHEMA,
+                    "threshold": {"type": "number", "minimum": 0, "maximum": 1, "default": float(default_threshold),
+                                  "description": "minimum score of a box"},
+                    "max_boxes": {"type": "integer", "minimum": 1, "maximum": 20, "default": self.max_boxes},
+                },
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+        )
+
+    def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        index = arguments["image_index"]
+        image = pick_image(images, index)
+        source = index if index >= 0 else len(images) + index
+        text = arguments["text"].strip()
+        if not text:
+            raise ToolError("ground needs a non-empty 'text' saying what to find.")
+        if max(image.size) > self.max_side:
+            raise ToolError(f"image {source} is too large for ground ({image.size[0]}x{image.size[1]}).")
+        raw = self.engine.detect(image, text=text, context=context, image_index=source,
+                                 threshold=arguments["threshold"], max_boxes=arguments["max_boxes"])
+        boxes = clean_boxes(raw, image.size)
+        boxes = [b for b in boxes if b["score"] >= arguments["threshold"]][: arguments["max_boxes"]]
+        data = {"image_index": source, "engine": self.engine_name, "query": text, "boxes": boxes}
+        if not boxes:
+            return ToolResult(text=f"Found nothing matching {text!r} in image {source}.", data=data)
+        listing = "; ".join(f"{i + 1}: {b['bbox']} ({b['label'] or text}, score {b['score']:.2f})"
+                            for i, b in enumerate(boxes))
+        return ToolResult(text=f"Found {len(boxes)} region{'s' if len(boxes) != 1 else ''} matching {text!r} in image "
+                               f"{source}: {listing}. The boxes are drawn, numbered, on the new image.",
+                          images=[draw_boxes(image, boxes)], data=data)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close:
+            close()

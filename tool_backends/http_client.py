@@ -1,0 +1,211 @@
+"""``HTTPToolBackend``: the client side of :mod:`tool_backends.server` (and of the router).
+
+One pooled ``httpx.Client`` per backend; each call has a deadline of ``timeout_s`` in total, and
+retries with exponential backoff only what is safe and quick to retry (connection refused or
+reset, 502/503/504) within that deadline. A timeout, a dead server or a refusal becomes a
+:class:`ToolBackendError` whose message the env shows the model; the episode goes on.
+
+The bearer token is read from the environment variable named by ``token_env`` and is never
+logged, put in an error message or pickled. Pickling drops the connection pool (Ray ships envs to
+workers); the copy reconnects on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+import httpx
+from PIL import Image
+
+from medvqa_env.errors import ConfigError, ToolBackendError
+from tool_backends.base import ToolContext, ToolResult, ToolSpec
+from tool_backends.wire import TRANSPORTS, WireError, encode_images_for_call, result_from_wire
+
+log = logging.getLogger(__name__)
+RETRY_STATUS = (502, 503, 504)
+
+
+class HTTPToolBackend:
+    """Calls ``tools`` on the server at ``url``.
+
+    Args:
+        tools: names to use from this server (``None``: all it serves).
+        url: ``http://host:port`` of a tool server or router.
+        timeout_s: deadline for one call, retries included.
+        retries: extra attempts after a connection failure or 502/503/504.
+        backoff_s: first retry delay; doubles each time.
+        token_env: name of the environment variable holding the bearer token.
+        transport: how images travel: ``png``, ``raw`` or ``path`` (see :mod:`tool_backends.wire`).
+        shared_dir: for ``path``, a directory the server can read (one of its image roots).
+        pool_size: keep-alive connections kept open.
+        result_format: ``png`` or ``raw`` for the images coming back.
+    """
+
+    def __init__(self, tools: Sequence[str] | None = None, url: str = "http://127.0.0.1:7660", timeout_s: float = 30.0,
+                 retries: int = 2, backoff_s: float = 0.05, token_env: str | None = None, transport: str = "png",
+                 shared_dir: str | None = None, pool_size: int = 8, result_format: str = "png",
+                 connect_timeout_s: float = 2.0) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"expected an http(s) URL for a tool server, got {url!r}")
+        if transport not in TRANSPORTS:
+            raise ConfigError(f"expected transport in {list(TRANSPORTS)}, got {transport!r}")
+        if transport == "path" and not shared_dir:
+            raise ConfigError("the 'path' transport needs a shared_dir the server can read")
+        if result_format not in ("png", "raw"):
+            raise ConfigError(f"expected result_format 'png' or 'raw', got {result_format!r}")
+        if not timeout_s > 0 or retries < 0:
+            raise ConfigError(f"expected timeout_s > 0 and retries >= 0, got {timeout_s!r}, {retries!r}")
+        if token_env is not None and not os.environ.get(token_env):
+            raise ConfigError(f"token_env names {token_env!r}, but that environment variable is empty")
+        self.url = url.rstrip("/")
+        self.tools = list(tools) if tools is not None else None
+        self.timeout_s = float(timeout_s)
+        self.retries = int(retries)
+        self.backoff_s = float(backoff_s)
+        self.token_env = token_env
+        self.transport = transport
+        self.shared_dir = shared_dir
+        self.pool_size = int(pool_size)
+        self.result_format = result_format
+        self.connect_timeout_s = float(connect_timeout_s)
+        self._specs: list[ToolSpec] | None = None
+        self._client: httpx.Client | None = None
+        self._encoded: OrderedDict = OrderedDict()
+
+    # ---- plumbing -------------------------------------------------------------------------
+    @property
+    def client(self) -> httpx.Client:
+        if self._client is None:
+            headers = {}
+            if self.token_env:
+                headers["Authorization"] = f"Bearer {os.environ.get(self.token_env, '')}"
+            self._client = httpx.Client(
+                base_url=self.url, headers=headers,
+                limits=httpx.Limits(max_connections=self.pool_size, max_keepalive_connections=self.pool_size),
+                timeout=httpx.Timeout(self.timeout_s, connect=min(self.connect_timeout_s, self.timeout_s)))
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_encoded"] = OrderedDict()
+        return state
+
+    def __repr__(self) -> str:
+        return f"HTTPToolBackend(url={self.url!r}, tools={self.tools!r}, transport={self.transport!r})"
+
+    def _request(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+        """One request with the deadline and retry policy of the module docstring."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            timeout = httpx.Timeout(remaining, connect=min(self.connect_timeout_s, remaining))
+            try:
+                response = self.client.request(method, path, timeout=timeout, **kwargs)
+            except httpx.TimeoutException:
+                raise ToolBackendError(f"{what} timed out after {self.timeout_s:g} s (server {self.url}). "
+                                       "Try another tool or answer without it.") from None
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                problem = f"could not reach {self.url} ({type(e).__name__})"
+            else:
+                if response.status_code not in RETRY_STATUS:
+                    return response
+                problem = f"{self.url} answered {response.status_code}"
+            if attempt < self.retries and time.monotonic() + delay < deadline:
+                time.sleep(delay)
+                delay *= 2
+            else:
+                break
+        raise ToolBackendError(f"{what} is unavailable: {problem}. Try another tool or answer without it.")
+
+    @staticmethod
+    def _detail(response: httpx.Response) -> str:
+        try:
+            return str(response.json().get("detail", ""))[:300]
+        except Exception:
+            return response.text[:300]
+
+    # ---- ToolBackend ----------------------------------------------------------------------
+    def specs(self) -> list[ToolSpec]:
+        if self._specs is None:
+            try:
+                response = self._request("GET", "/tools", f"Tool server {self.url}")
+            except ToolBackendError as e:
+                raise ConfigError(f"cannot list tools: {e}") from None
+            if response.status_code != 200:
+                raise ConfigError(f"tool server {self.url} refused /tools ({response.status_code}): "
+                                  f"{self._detail(response)}")
+            served = {}
+            for entry in response.json().get("tools", []):
+                fn = entry["function"]
+                served[fn["name"]] = ToolSpec(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
+            wanted = self.tools if self.tools is not None else list(served)
+            missing = [n for n in wanted if n not in served]
+            if missing:
+                raise ConfigError(f"tool server {self.url} does not serve {missing}; it serves {sorted(served)}")
+            self._specs = [served[n] for n in wanted]
+        return list(self._specs)
+
+    def _payload(self, name: str, images: Sequence[Image.Image], arguments: Mapping[str, Any],
+                 context: ToolContext) -> dict[str, Any]:
+        entries = encode_images_for_call(images, arguments, self.transport, self.shared_dir, self._encoded)
+        while len(self._encoded) > 64:
+            self._encoded.popitem(last=False)
+        return {"tool": name, "arguments": dict(arguments) if isinstance(arguments, Mapping) else arguments,
+                "images": entries, "context": context.to_dict(), "image_format": self.result_format}
+
+    def call(self, name: str, images: Sequence[Image.Image], arguments: Mapping[str, Any],
+             context: ToolContext) -> ToolResult:
+        body = json.dumps(self._payload(name, images, arguments, context)).encode()
+        response = self._request("POST", "/call", f"Tool {name!r}", content=body,
+                                 headers={"content-type": "application/json"})
+        return self._parse(name, response, "result")
+
+    def call_many(self, calls: Sequence[tuple[str, Sequence[Image.Image], Mapping[str, Any], ToolContext]]) -> list[ToolResult]:
+        """Several calls in one request (``/call_batch``); one result per call, in order."""
+        if not calls:
+            return []
+        body = json.dumps({"calls": [self._payload(*c) for c in calls]}).encode()
+        response = self._request("POST", "/call_batch", f"Batch of {len(calls)} tool calls", content=body,
+                                 headers={"content-type": "application/json"})
+        if response.status_code != 200:
+            raise ToolBackendError(f"Tool server refused the batch ({response.status_code}): {self._detail(response)}")
+        try:
+            return [result_from_wire(r) for r in response.json()["results"]]
+        except (KeyError, TypeError, ValueError, WireError) as e:
+            raise ToolBackendError(f"Tool server sent a malformed batch response: {e}") from None
+
+    def _parse(self, name: str, response: httpx.Response, key: str) -> ToolResult:
+        if response.status_code != 200:
+            raise ToolBackendError(f"Tool {name!r} refused the call ({response.status_code}): {self._detail(response)}")
+        try:
+            return result_from_wire(response.json()[key])
+        except (KeyError, TypeError, ValueError, WireError) as e:
+            raise ToolBackendError(f"Tool {name!r} sent a malformed response: {e}") from None
+
+    def forward(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """Router fast path: POST ``body`` unchanged; return (status, body). Errors -> 502/504."""
+        try:
+            response = self._request("POST", path, f"Upstream {self.url}", content=body,
+                                     headers={"content-type": "application/json"})
+        except ToolBackendError as e:
+            status = 504 if "timed out" in str(e) else 502
+            return status, json.dumps({"detail": str(e)}).encode()
+        return response.status_code, response.content
+
+    def health(self) -> dict[str, Any]:
+        response = self._request("GET", "/health", f"Tool server {self.url}")
+        return response.json()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,115 @@
+"""Binary masks and boxes: run-length encoding, measurements and the pictures tools send back.
+
+The RLE is COCO's uncompressed form (``{"size": [h, w], "counts": [...]}``, column-major, first
+count is background), so ``pycocotools.mask.frPyObjects`` reads it too.
+
+>>> import numpy as np
+>>> m = np.zeros((3, 4), bool); m[1, 1:3] = True
+>>> rle = mask_to_rle(m); rle
+{'size': [3, 4], 'counts': [4, 1, 2, 1, 4]}
+>>> bool((rle_to_mask(rle) == m).all())
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+OVERLAY_COLOR = (255, 48, 48)
+BOX_COLORS = ((255, 64, 64), (64, 200, 255), (255, 220, 0), (80, 255, 120), (255, 120, 255))
+
+
+def mask_to_rle(mask: np.ndarray) -> dict[str, Any]:
+    """COCO uncompressed RLE of a 2-D boolean mask (see the module doctest)."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2:
+        raise ValueError(f"expected a 2-D mask, got shape {mask.shape}")
+    flat = mask.astype(bool).ravel(order="F")
+    if flat.size == 0:
+        return {"size": list(mask.shape), "counts": []}
+    change = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    bounds = np.concatenate([[0], change, [flat.size]])
+    counts = np.diff(bounds).tolist()
+    if flat[0]:
+        counts = [0] + counts
+    return {"size": [int(mask.shape[0]), int(mask.shape[1])], "counts": [int(c) for c in counts]}
+
+
+def rle_to_mask(rle: Mapping[str, Any]) -> np.ndarray:
+    """Inverse of :func:`mask_to_rle`."""
+    try:
+        h, w = (int(v) for v in rle["size"])
+        counts = [int(c) for c in rle["counts"]]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"expected an RLE {{'size': [h, w], 'counts': [...]}}, got {rle!r}") from None
+    if sum(counts) != h * w or any(c < 0 for c in counts):
+        raise ValueError(f"expected RLE counts summing to {h * w}, got {sum(counts)}")
+    values = np.zeros(len(counts), bool)
+    values[1::2] = True
+    flat = np.repeat(values, counts)
+    return flat.reshape((h, w), order="F")
+
+
+def mask_bbox(mask: np.ndarray) -> list[int] | None:
+    """Tight [x0, y0, x1, y1] (exclusive ends) of the mask's pixels, ``None`` when empty.
+
+    >>> m = np.zeros((5, 5), bool); m[1:3, 2:5] = True
+    >>> mask_bbox(m)
+    [2, 1, 5, 3]
+    """
+    ys, xs = np.nonzero(mask)
+    if ys.size == 0:
+        return None
+    return [int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1]
+
+
+def count_components(mask: np.ndarray) -> int:
+    """Number of 8-connected components.
+
+    >>> m = np.zeros((4, 6), bool); m[0, 0] = m[3, 5] = m[2, 2] = m[1, 1] = True
+    >>> count_components(m)
+    2
+    """
+    from scipy import ndimage
+
+    _, n = ndimage.label(np.asarray(mask, bool), structure=np.ones((3, 3), bool))
+    return int(n)
+
+
+def overlay_mask(image: Image.Image, mask: np.ndarray, color: tuple[int, int, int] = OVERLAY_COLOR,
+                 alpha: float = 0.45) -> Image.Image:
+    """The image with ``mask`` tinted in ``color`` and its outline drawn fully opaque."""
+    from scipy import ndimage
+
+    base = np.asarray(image.convert("RGB"), dtype=np.float32)
+    m = np.asarray(mask, bool)
+    out = base.copy()
+    out[m] = (1 - alpha) * base[m] + alpha * np.asarray(color, np.float32)
+    edge = m & ~ndimage.binary_erosion(m)
+    out[edge] = color
+    return Image.fromarray(out.round().astype(np.uint8))
+
+
+def draw_boxes(image: Image.Image, boxes: Sequence[Mapping[str, Any]]) -> Image.Image:
+    """The image with each ``{"bbox", "label", "score"}`` drawn as a numbered rectangle."""
+    out = image.convert("RGB").copy()
+    draw = ImageDraw.Draw(out)
+    width = max(1, round(max(out.size) / 256))
+    for i, box in enumerate(boxes):
+        color = BOX_COLORS[i % len(BOX_COLORS)]
+        x0, y0, x1, y1 = (float(v) for v in box["bbox"])
+        draw.rectangle([x0, y0, x1 - 1, y1 - 1], outline=color, width=width)
+        draw.text((x0 + 2, y0 + 1), str(i + 1), fill=color)
+    return out
+
+
+def load_mask(path: str, size: tuple[int, int]) -> np.ndarray:
+    """Read an annotated mask file (non-zero = inside), resized to ``size`` = (w, h) if needed."""
+    with Image.open(path) as im:
+        im = im.convert("L")
+        if im.size != tuple(size):
+            im = im.resize(tuple(size), Image.Resampling.NEAREST)
+        return np.asarray(im) > 0

@@ -1,0 +1,364 @@
+"""A FastAPI tool server: serves any set of tools (or, as a router, other servers' tools).
+
+Endpoints (all JSON):
+
+* ``GET /health`` -- ``{"status": "ok", "tools": [...]}`` (no token needed).
+* ``GET /tools`` -- ``{"tools": [OpenAI function schemas]}``.
+* ``POST /call`` -- ``{"tool", "arguments", "images": [entry | null], "context"}`` ->
+  ``{"result": {"text", "error", "data", "images"}}``. A tool's refusal is a 200 with
+  ``result.error`` set (it is data for the model); a malformed request is a 4xx with ``detail``.
+* ``POST /call_batch`` -- ``{"calls": [call, ...]}`` -> ``{"results": [result, ...]}``.
+* ``POST /get_observation`` -- the verl-tool shape: ``trajectory_ids``, ``actions`` (the model's
+  raw turn text), optional ``finish``, ``is_last_step``, ``extra_fields`` (per trajectory:
+  ``images`` as entries, ``context``) -> ``observations``, ``dones``, ``valids``. An observation is a
+  string, or ``{"obs": text, "image": [data URLs]}`` when tools returned images.
+
+Safety: binds 127.0.0.1 unless told otherwise and then demands a bearer token; bodies over
+``max_body_bytes`` get 413; at most ``max_concurrency`` tool runs at once and ``max_queue``
+waiting (then 503); image and annotation paths are read only from under ``image_roots``.
+"""
+
+
+# No `from __future__ import annotations` here: FastAPI reads the endpoint annotations at runtime.
+import asyncio
+import base64
+import hmac
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from medvqa_env.errors import ConfigError, ToolError, unknown_name_message
+from medvqa_env.records import Annotations
+from tool_backends.base import ToolContext, ToolResult
+from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
+from tool_backends.wire import WireError, decode_image_entry, is_under, result_to_wire
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerSettings:
+    """How a tool server protects itself. See the module docstring."""
+
+    host: str = "127.0.0.1"
+    token: str | None = None
+    """Bearer token clients must send; required when ``host`` is not loopback."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_concurrency: int = 4
+    max_queue: int = 64
+    image_roots: Sequence[str] = field(default_factory=tuple)
+    """Directories the server may read client-named files from (``path`` images, annotation masks)."""
+    cache_size: int = 1024
+    """Results cached by (tool, arguments, image, record) so a GRPO group pays once; 0 disables."""
+    max_images: int = 64
+
+
+def is_loopback(host: str) -> bool:
+    """>>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
+    (True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_settings(settings: ServerSettings) -> None:
+    if not is_loopback(settings.host) and not settings.token:
+        raise ConfigError(f"refusing to serve on {settings.host!r} without a token: set --token-env "
+                          "(or bind 127.0.0.1)")
+    if settings.max_concurrency < 1 or settings.max_body_bytes < 1024:
+        raise ConfigError(f"expected max_concurrency >= 1 and max_body_bytes >= 1024, got {settings!r}")
+
+
+class BodyLimit:
+    """ASGI middleware: refuse bodies over ``limit`` bytes (by header, and while streaming)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _plain(send, 413, f"request body of {int(length)} bytes is over the limit of {self.limit}")
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _plain(send, 413, f"request body is over the limit of {self.limit} bytes")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _plain(send, status: int, detail: str) -> None:
+    import json
+
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ToolService:
+    """The framework-free core: decode a call, run it on its backend, cache, encode the result."""
+
+    def __init__(self, backends: Mapping[str, ToolBackend], settings: ServerSettings) -> None:
+        self.backends = dict(backends)
+        self.settings = settings
+        self.specs = {}
+        for backend in dict.fromkeys(self.backends.values()):
+            for spec in backend.specs():
+                if spec.name in self.backends:
+                    self.specs[spec.name] = spec
+        self.cache = ToolCache(settings.cache_size) if settings.cache_size > 0 else None
+        self.started = time.time()
+        self.calls = 0
+
+    def context(self, raw: Any) -> ToolContext:
+        if raw is not None and not isinstance(raw, Mapping):
+            raise WireError(f"expected 'context' to be an object, got {type(raw).__name__}")
+        try:
+            ctx = ToolContext.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as e:
+            raise WireError(f"malformed 'context': {e}") from None
+        ann = ctx.annotations
+        masks = tuple(m for m in ann.masks if self.settings.image_roots and is_under(m.path, self.settings.image_roots))
+        if len(masks) != len(ann.masks):  # never open a client-named file outside the roots
+            ctx = ToolContext(ctx.record_id, ctx.dataset, Annotations(ann.boxes, masks, ann.labels), ctx.question)
+        return ctx
+
+    def decode_call(self, call: Any):
+        if not isinstance(call, Mapping):
+            raise WireError(f"expected a call object, got {type(call).__name__}")
+        name = call.get("tool")
+        if not isinstance(name, str):
+            raise WireError("expected 'tool' to be a string")
+        if name not in self.backends:
+            raise LookupError(unknown_name_message("tool", name, self.backends))
+        arguments = call.get("arguments", {})
+        raw_images = call.get("images") or []
+        if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
+            raise WireError(f"expected 'images' to be a list of at most {self.settings.max_images} entries")
+        images = [None if e is None else decode_image_entry(e, self.settings.image_roots) for e in raw_images]
+        return name, arguments, images, self.context(call.get("context"))
+
+    def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
+        """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`)."""
+        self.calls += 1
+        key = None
+        if self.cache is not None and isinstance(arguments, Mapping):
+            index = arguments.get("image_index", 0)
+            if isinstance(index, int) and -len(images) <= index < len(images) and images[index] is not None:
+                key = cache_key(name, arguments, images, context)
+        if key is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit
+        if isinstance(arguments, Mapping):
+            index = arguments.get("image_index", 0)
+            if isinstance(index, int) and -len(images) <= index < len(images) and images[index] is None:
+                return ToolResult.failure(f"image {index} was not sent with the call.")
+        try:
+            result = self.backends[name].call(name, images, arguments, context)
+        except ToolError as e:
+            result = ToolResult.failure(str(e))
+        except Exception as e:  # a tool bug is the model's observation, not a 500
+            log.exception("tool %r crashed", name)
+            result = ToolResult.failure(f"Tool {name!r} crashed: {type(e).__name__}: {e}")
+        if key is not None and result.ok:
+            self.cache.put(key, result)
+        return result
+
+    def observe(self, action: Any, extra: Any) -> tuple[Any, bool]:
+        """One verl-tool trajectory step: parse the turn, run this server's tool calls."""
+        from medvqa_env.parser import parse_action
+
+        extra = extra if isinstance(extra, Mapping) else {}
+        parsed = parse_action(action if isinstance(action, str) else "")
+        if not parsed.tool_calls:
+            return "", False
+        raw_images = extra.get("images") or []
+        if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
+            raise WireError(f"expected extra_fields 'images' to be a list of at most {self.settings.max_images}")
+        images = [decode_image_entry(e, self.settings.image_roots) for e in raw_images]
+        context = self.context(extra.get("context"))
+        parts, new_images, valid = [], [], True
+        for call in parsed.tool_calls:
+            if call.name not in self.backends:
+                result = ToolResult.failure(unknown_name_message("tool", call.name, self.backends))
+            else:
+                result = self.run(call.name, call.arguments, images, context)
+            valid &= result.ok
+            new_images.extend(result.images)
+            parts.append(f"[{call.name}] {result.text}")
+        text = "\n".join(parts)
+        if not new_images:
+            return text, valid
+        urls = []
+        for im in new_images:
+            entry = result_to_wire(ToolResult("", images=[im]))["images"][0]
+            urls.append("data:image/png;base64," + entry["png"])
+        return {"obs": text, "image": urls}, valid
+
+
+def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | None = None,
+               proxy: Mapping[str, Any] | None = None):
+    """The FastAPI app. ``proxy`` (router mode) maps tool names to upstream HTTP clients whose
+    ``/call`` bodies are forwarded unchanged."""
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse, Response
+    from starlette.concurrency import run_in_threadpool
+
+    settings = settings or ServerSettings()
+    check_settings(settings)
+    service = ToolService(backends, settings)
+    app = FastAPI(title="MedVQA-Gym tool server", docs_url=None, redoc_url=None)
+    gate = asyncio.Semaphore(settings.max_concurrency)
+    waiting = {"n": 0}
+    app.state.service = service
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    def authorize(request: Request) -> None:
+        if not settings.token:
+            return
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {settings.token}".encode()):
+            raise HTTPException(401, "missing or wrong bearer token")
+
+    async def body(request: Request) -> Any:
+        try:
+            return await request.json()
+        except Exception:
+            raise HTTPException(400, "expected a JSON body") from None
+
+    async def guarded(fn, *args):
+        """Run ``fn`` in a worker thread under the concurrency gate; map wire errors to 4xx."""
+        if waiting["n"] >= settings.max_queue:
+            raise HTTPException(503, f"server busy: {waiting['n']} requests waiting")
+        waiting["n"] += 1
+        try:
+            await gate.acquire()
+        finally:
+            waiting["n"] -= 1
+        try:
+            return await run_in_threadpool(fn, *args)
+        except (WireError, TypeError) as e:
+            raise HTTPException(400, str(e)) from None
+        except PermissionError as e:
+            raise HTTPException(403, str(e)) from None
+        except LookupError as e:
+            raise HTTPException(404, str(e.args[0] if e.args else e)) from None
+        finally:
+            gate.release()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
+                "uptime_s": round(time.time() - service.started, 1)}
+
+    @app.get("/tools")
+    async def tools(request: Request):
+        authorize(request)
+        return {"tools": [s.openai_schema() for s in service.specs.values()]}
+
+    def one_call(call: Any) -> dict[str, Any]:
+        name, arguments, images, context = service.decode_call(call)
+        transport = call.get("image_format", "png")
+        return result_to_wire(service.run(name, arguments, images, context), transport)
+
+    @app.post("/call")
+    async def call(request: Request):
+        authorize(request)
+        if proxy:
+            raw = await request.body()
+            import json
+
+            try:
+                name = json.loads(raw).get("tool")
+            except Exception:
+                raise HTTPException(400, "expected a JSON body") from None
+            if name in proxy:
+                status, content = await run_in_threadpool(proxy[name].forward, "/call", raw)
+                return Response(content=content, status_code=status, media_type="application/json")
+        payload = await body(request)
+        if not isinstance(payload, dict):
+            raise HTTPException(400, "expected a JSON object")
+        return {"result": await guarded(one_call, payload)}
+
+    @app.post("/call_batch")
+    async def call_batch(request: Request):
+        authorize(request)
+        payload = await body(request)
+        calls = payload.get("calls") if isinstance(payload, dict) else None
+        if not isinstance(calls, list):
+            raise HTTPException(400, "expected {'calls': [...]}")
+        return {"results": await guarded(lambda: [one_call(c) for c in calls])}
+
+    @app.post("/get_observation")
+    async def get_observation(request: Request):
+        authorize(request)
+        payload = await body(request)
+        if not isinstance(payload, dict) or not isinstance(payload.get("actions"), list):
+            raise HTTPException(400, "expected {'trajectory_ids': [...], 'actions': [...], ...}")
+        actions = payload["actions"]
+        n = len(actions)
+        ids = payload.get("trajectory_ids") or list(range(n))
+        finish = payload.get("finish") or [False] * n
+        extras = payload.get("extra_fields") or [{}] * n
+        if not all(isinstance(v, list) and len(v) == n for v in (ids, finish, extras)):
+            raise HTTPException(400, f"expected trajectory_ids, finish and extra_fields to have {n} entries")
+
+        def work():
+            obs, dones, valids = [], [], []
+            for action, done, extra in zip(actions, finish, extras):
+                if done:
+                    obs.append(""), dones.append(True), valids.append(False)
+                    continue
+                o, valid = service.observe(action, extra)
+                obs.append(o), dones.append(o == ""), valids.append(valid and o != "")
+            return {"observations": obs, "dones": dones, "valids": valids}
+
+        return await guarded(work)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc):  # keep {"detail": ...} and never echo the token
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+    return app
+
+
+def serve(app, host: str = "127.0.0.1", port: int = 7660, log_level: str = "warning") -> None:
+    """Run ``app`` with uvicorn in this process (blocking)."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def data_url_to_bytes(url: str) -> bytes:
+    """>>> data_url_to_bytes("data:image/png;base64,aGk=")
+    b'hi'
+    """
+    return base64.b64decode(url.split(",", 1)[1])
+
+
+__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "is_loopback", "BodyLimit", "check_settings",
+           "data_url_to_bytes"]

@@ -1,0 +1,158 @@
+"""What travels between a tool client and a tool server: images, results, calls.
+
+Images go one of three ways (the client's ``transport`` option; measured in
+``benchmarks/bench_tools.py``, discussed in ``docs/tools.md``):
+
+* ``png``  -- ``{"png": base64}``: lossless and compact; encoding costs CPU on big images.
+* ``raw``  -- ``{"raw": base64, "size": [w, h]}``: RGB bytes; the cheapest to encode, ~3x larger.
+* ``path`` -- ``{"path": "/shared/<digest>.bmp"}``: for a client and server on one machine; the
+  client writes each distinct image once, the server reads it only from under its image roots.
+
+>>> from PIL import Image
+>>> im = Image.new("RGB", (3, 2), (10, 20, 30))
+>>> all(decode_image_entry(encode_image(im, k)).tobytes() == im.tobytes() for k in ("png", "raw"))
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from PIL import Image
+
+from medvqa_env.errors import DatasetError
+from medvqa_env.images import DEFAULT_MAX_PIXELS, decode_image
+from tool_backends.base import ToolResult, image_digest
+
+TRANSPORTS = ("png", "raw", "path")
+
+
+class WireError(ValueError):
+    """A request or response part is malformed (the server answers 4xx with this message)."""
+
+
+def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """One image as a JSON-able entry (see the module docstring)."""
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    if transport == "png":
+        buf = io.BytesIO()
+        rgb.save(buf, format="PNG", compress_level=1)
+        return {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
+    if transport == "raw":
+        return {"raw": base64.b64encode(rgb.tobytes()).decode("ascii"), "size": list(rgb.size)}
+    if transport == "path":
+        if shared_dir is None:
+            raise ValueError("expected a shared_dir for the 'path' transport, got None")
+        path = Path(shared_dir) / f"{image_digest(image)}.bmp"
+        if not path.exists():  # content-addressed: written once, never changed
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                rgb.save(f, format="BMP")
+            os.replace(tmp, path)
+        return {"path": str(path)}
+    raise ValueError(f"expected a transport in {list(TRANSPORTS)}, got {transport!r}")
+
+
+def _b64(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise WireError(f"expected base64 text for {what}, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise WireError(f"{what} is not valid base64") from None
+
+
+def is_under(path: str | os.PathLike, roots: Sequence[str | os.PathLike]) -> bool:
+    """Whether ``path`` resolves (symlinks followed) to somewhere inside one of ``roots``."""
+    try:
+        real = Path(path).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    for root in roots:
+        r = Path(root).resolve()
+        if real == r or r in real.parents:
+            return True
+    return False
+
+
+def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Inverse of :func:`encode_image`. A ``path`` is opened only if it lies under ``roots``."""
+    if not isinstance(entry, Mapping):
+        raise WireError(f"expected an image entry object, got {type(entry).__name__}")
+    try:
+        if "png" in entry:
+            return decode_image(_b64(entry["png"], "image 'png'"), "image", max_pixels)
+        if "raw" in entry:
+            size = entry.get("size")
+            if (not isinstance(size, (list, tuple)) or len(size) != 2
+                    or not all(isinstance(v, int) and v > 0 for v in size)):
+                raise WireError(f"expected 'size': [w, h] with a raw image, got {size!r}")
+            w, h = size
+            if w * h > max_pixels:
+                raise WireError(f"raw image {w}x{h} is over the limit of {max_pixels} pixels")
+            data = _b64(entry["raw"], "image 'raw'")
+            if len(data) != w * h * 3:
+                raise WireError(f"raw image {w}x{h} needs {w * h * 3} bytes, got {len(data)}")
+            return Image.frombytes("RGB", (w, h), data)
+        if "path" in entry:
+            path = entry["path"]
+            if not isinstance(path, str) or not roots or not is_under(path, roots):
+                raise PermissionError(f"image path {path!r} is not under this server's image roots")
+            with open(path, "rb") as f:
+                return decode_image(f.read(), "image", max_pixels)
+    except DatasetError as e:
+        raise WireError(str(e)) from None
+    raise WireError(f"expected an image entry with 'png', 'raw' or 'path', got keys {sorted(entry)}")
+
+
+def target_index(arguments: Mapping[str, Any], n_images: int) -> int | None:
+    """The image a call reads (``image_index``, default 0), or ``None`` if it names no valid one.
+
+    >>> target_index({}, 2), target_index({"image_index": -1}, 2), target_index({"image_index": 5}, 2)
+    (0, 1, None)
+    """
+    index = arguments.get("image_index", 0) if isinstance(arguments, Mapping) else 0
+    if isinstance(index, float) and index.is_integer():
+        index = int(index)
+    if not isinstance(index, int) or isinstance(index, bool) or not -n_images <= index < n_images:
+        return None
+    return index % n_images
+
+
+def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str, Any], transport: str = "png",
+                           shared_dir: str | None = None, encoded_cache: dict | None = None) -> list[Any]:
+    """The episode's image list with only the targeted image filled in (the others ``None``):
+    every tool reads one image, and the rest can be many enlarged crops."""
+    out: list[Any] = [None] * len(images)
+    index = target_index(arguments, len(images))
+    if index is not None:
+        image = images[index]
+        key = (image_digest(image), transport)
+        entry = encoded_cache.get(key) if encoded_cache is not None else None
+        if entry is None:
+            entry = encode_image(image, transport, shared_dir)
+            if encoded_cache is not None:
+                encoded_cache[key] = entry
+        out[index] = entry
+    return out
+
+
+def result_to_wire(result: ToolResult, transport: str = "png") -> dict[str, Any]:
+    return {"text": result.text, "error": result.error, "data": result.data,
+            "images": [encode_image(im, "raw" if transport == "raw" else "png") for im in result.images]}
+
+
+def result_from_wire(payload: Any) -> ToolResult:
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("text"), str):
+        raise WireError(f"expected a result object with 'text', got {str(payload)[:80]!r}")
+    data = payload.get("data") or {}
+    if not isinstance(data, dict):
+        raise WireError("expected result 'data' to be an object")
+    images = [decode_image_entry(e) for e in payload.get("images") or []]
+    return ToolResult(text=payload["text"], images=images, data=data, error=payload.get("error"))

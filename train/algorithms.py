@@ -1,0 +1,353 @@
+r"""GRPO-family advantage estimators and policy losses, in two decorator registries.
+
+Every advantage estimator has one signature, ``fn(inp: AdvantageInput, cfg: AlgoConfig) -> Tensor[B]``
+(one advantage per rollout, later broadcast over its tokens); every policy loss has one signature,
+``fn(inp: LossInput, cfg: AlgoConfig) -> (loss, metrics)``. An *algorithm* (``grpo``, ``drgrpo``,
+``dapo``, ``gspo``, ``grasp``) is a pair of the two plus its default settings.
+
+>>> rewards = torch.tensor([1.0, -1.0, 1.0, 1.0])
+>>> groups = torch.tensor([0, 0, 1, 1])
+>>> compute_advantages("grpo", AdvantageInput(rewards, groups), AlgoConfig())
+tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
+>>> get_advantage("grop")
+Traceback (most recent call last):
+...
+medvqa_env.errors.ConfigError: Unknown advantage 'grop'. Available: ['drgrpo', 'grasp_egc', 'grpo']. Did you mean 'grpo'?
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, NamedTuple
+
+import torch
+
+from medvqa_env.errors import ConfigError, unknown_name_message
+
+
+# ==============================================================================================
+# Config and inputs
+# ==============================================================================================
+@dataclass(frozen=True)
+class AlgoConfig:
+    """Hyper-parameters shared by the estimators and losses (each reads what it needs)."""
+
+    clip_low: float = 0.2
+    """PPO clip range below 1 (GRPO/DAPO: 0.2; GSPO uses 3e-4 on its sequence ratio)."""
+    clip_high: float = 0.2
+    """Clip range above 1 (DAPO's clip-higher: 0.28; GSPO: 4e-4)."""
+    kl_coef: float = 0.01
+    """Weight of the k3 KL estimate to the reference policy (seed 000: 0.01; 0 turns it off)."""
+    std_normalize: bool = True
+    """Divide group-centred rewards by the group's std (GRPO); Dr.GRPO turns it off."""
+    eps: float = 1e-6
+    """Added to std before dividing."""
+    loss_agg: str = "seq-mean-token-mean"
+    """How token losses become one number: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO),
+    ``seq-mean-token-sum-norm`` (Dr.GRPO: token sums over a constant ``norm_len``)."""
+    norm_len: int = 64
+    """Dr.GRPO's constant divisor (the generation budget in tokens)."""
+    egc_scale: float = 1.0
+    """GRASP: size of the extreme-group correction."""
+    sft_max_weight: float = 0.5
+    """GRASP: SFT weight for an all-wrong group (lambda_max)."""
+    sft_gamma: float = 1.0
+    """GRASP: the SFT weight is ``sft_max_weight * (1 - group_accuracy) ** sft_gamma``."""
+    sft_coef: float = 1.0
+    """GRASP: scale of the SFT branch relative to the RL branch."""
+
+
+class AdvantageInput(NamedTuple):
+    """``rewards[B]``, ``group_index[B]`` (rollouts of one prompt share an index), and for GRASP
+    ``correct[B]`` (0/1) and the running training accuracy in [0, 1]."""
+
+    rewards: torch.Tensor
+    group_index: torch.Tensor
+    correct: torch.Tensor | None = None
+    running_accuracy: float = 0.5
+
+
+class LossInput(NamedTuple):
+    """Per-token tensors ``[B, T]`` over the response: log-probs under the current, rollout
+    (``old``) and reference policies, and ``mask`` (1 = a token the model wrote, 0 = prompt, tool
+    observation or padding); ``advantages[B]``. GRASP adds ``sft_logp``/``sft_mask`` ``[B, T']``
+    over the gold answer placed after each rollout's reasoning and ``sft_weight[B]``."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    sft_logp: torch.Tensor | None = None
+    sft_mask: torch.Tensor | None = None
+    sft_weight: torch.Tensor | None = None
+
+
+AdvantageFn = Callable[[AdvantageInput, AlgoConfig], torch.Tensor]
+LossFn = Callable[[LossInput, AlgoConfig], "tuple[torch.Tensor, dict[str, float]]"]
+ADVANTAGES: dict[str, AdvantageFn] = {}
+LOSSES: dict[str, LossFn] = {}
+
+
+def register_advantage(name: str):
+    def deco(fn: AdvantageFn) -> AdvantageFn:
+        ADVANTAGES[name] = fn
+        return fn
+    return deco
+
+
+def register_loss(name: str):
+    def deco(fn: LossFn) -> LossFn:
+        LOSSES[name] = fn
+        return fn
+    return deco
+
+
+def get_advantage(name: str) -> AdvantageFn:
+    if name not in ADVANTAGES:
+        raise ConfigError(unknown_name_message("advantage", name, ADVANTAGES))
+    return ADVANTAGES[name]
+
+
+def get_loss(name: str) -> LossFn:
+    if name not in LOSSES:
+        raise ConfigError(unknown_name_message("policy loss", name, LOSSES))
+    return LOSSES[name]
+
+
+# ==============================================================================================
+# Group statistics
+# ==============================================================================================
+def group_stats(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-rollout mean and (unbiased, 0 for singletons) std of its group.
+
+    >>> m, s = group_stats(torch.tensor([1., 3., 5.]), torch.tensor([0, 0, 1]))
+    >>> m.tolist(), [round(x, 3) for x in s.tolist()]
+    ([2.0, 2.0, 5.0], [1.414, 1.414, 0.0])
+    """
+    if values.shape != group_index.shape or values.dim() != 1:
+        raise ValueError(f"expected 1-d values and group_index of one shape, got {tuple(values.shape)} "
+                         f"and {tuple(group_index.shape)}")
+    _, inv = torch.unique(group_index, return_inverse=True)
+    n_groups = int(inv.max()) + 1 if len(inv) else 0
+    values = values.float()
+    count = torch.zeros(n_groups).index_add_(0, inv, torch.ones_like(values))
+    total = torch.zeros(n_groups).index_add_(0, inv, values)
+    mean = total / count
+    sq = torch.zeros(n_groups).index_add_(0, inv, (values - mean[inv]) ** 2)
+    std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))
+    return mean[inv], std[inv]
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_index: torch.Tensor, tol: float = 1e-8) -> torch.Tensor:
+    """Bool per rollout: its group's rewards are all equal (no learning signal for GRPO).
+
+    >>> zero_variance_groups(torch.tensor([1., 1., 0., 1.]), torch.tensor([0, 0, 1, 1])).tolist()
+    [True, True, False, False]
+    """
+    _, std = group_stats(rewards, group_index)
+    return std <= tol
+
+
+def dynamic_sampling_keep(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """DAPO's dynamic sampling: keep only rollouts of groups whose rewards differ."""
+    return ~zero_variance_groups(rewards, group_index)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to ``max_len - buffer``, then linear down to -1 at
+    ``max_len``, and -1 beyond.
+
+    >>> overlong_penalty(torch.tensor([10, 15, 20, 25]), max_len=20, buffer=10).tolist()
+    [0.0, -0.5, -1.0, -1.0]
+    """
+    if buffer <= 0 or buffer > max_len:
+        raise ValueError(f"expected 0 < buffer <= max_len, got buffer={buffer!r}, max_len={max_len!r}")
+    over = (lengths.float() - (max_len - buffer)) / buffer
+    return over.clamp(min=0.0, max=1.0) * -1.0 + 0.0
+
+
+def grasp_sft_weight(group_accuracy: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """GRASP's group-adaptive SFT weight: largest for all-wrong groups, 0 for all-correct ones.
+
+    >>> grasp_sft_weight(torch.tensor([0.0, 0.5, 1.0]), AlgoConfig(sft_max_weight=0.5)).tolist()
+    [0.5, 0.25, 0.0]
+    """
+    return cfg.sft_max_weight * (1.0 - group_accuracy.clamp(0, 1)) ** cfg.sft_gamma
+
+
+# ==============================================================================================
+# Advantage estimators
+# ==============================================================================================
+@register_advantage("grpo")
+def grpo_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
+    """``(r - mean_group) / (std_group + eps)``; no std division when ``cfg.std_normalize`` is off."""
+    mean, std = group_stats(inp.rewards, inp.group_index)
+    adv = inp.rewards.float() - mean
+    if cfg.std_normalize:
+        adv = adv / (std + cfg.eps)
+    return adv
+
+
+@register_advantage("drgrpo")
+def drgrpo_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
+    """Dr.GRPO: ``r - mean_group`` (no std normalisation, whatever ``cfg`` says)."""
+    return grpo_advantage(inp, replace(cfg, std_normalize=False))
+
+
+@register_advantage("grasp_egc")
+def egc_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
+    """GSPO-EGC (GRASP): group-normalised advantages, except for extreme groups, which get
+    ``+egc_scale * (1 - running_accuracy)`` when all correct and ``-egc_scale * running_accuracy``
+    when all wrong -- solving a usually-failed question is rewarded more, failing a
+    usually-solved one is penalised more."""
+    if inp.correct is None:
+        raise ValueError("expected AdvantageInput.correct for grasp_egc, got None")
+    adv = grpo_advantage(inp, cfg)
+    acc, _ = group_stats(inp.correct.float(), inp.group_index)
+    ra = float(min(1.0, max(0.0, inp.running_accuracy)))
+    adv = torch.where(acc >= 1.0, torch.full_like(adv, cfg.egc_scale * (1.0 - ra)), adv)
+    adv = torch.where(acc <= 0.0, torch.full_like(adv, -cfg.egc_scale * ra), adv)
+    return adv
+
+
+def compute_advantages(name: str, inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
+    """Look up estimator ``name`` and apply it."""
+    return get_advantage(name)(inp, cfg)
+
+
+# ==============================================================================================
+# Policy losses
+# ==============================================================================================
+def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """Reduce ``[B, T]`` token losses to a scalar by ``cfg.loss_agg`` (padding excluded)."""
+    mask = mask.float()
+    if cfg.loss_agg == "token-mean":
+        return (token_loss * mask).sum() / mask.sum().clamp(min=1)
+    if cfg.loss_agg == "seq-mean-token-mean":
+        per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq.mean()
+    if cfg.loss_agg == "seq-mean-token-sum-norm":
+        return ((token_loss * mask).sum(-1) / cfg.norm_len).mean()
+    raise ConfigError(unknown_name_message("loss aggregation", cfg.loss_agg,
+                                           ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]))
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's low-variance, non-negative KL(pi || ref) estimate per token:
+    ``exp(ref - logp) - (ref - logp) - 1``."""
+    d = (ref_logp - logp).clamp(-20, 20)
+    return torch.exp(d) - d - 1
+
+
+def _with_kl(loss: torch.Tensor, inp: LossInput, cfg: AlgoConfig, metrics: dict[str, float]) -> torch.Tensor:
+    if cfg.kl_coef and inp.ref_logp is not None:
+        kl = aggregate(k3_kl(inp.logp, inp.ref_logp), inp.mask, cfg)
+        metrics["losses/kl"] = float(kl.detach())
+        loss = loss + cfg.kl_coef * kl
+    return loss
+
+
+def _ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, inp: LossInput, cfg: AlgoConfig):
+    a = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    unclipped = -a * ratio
+    clipped = -a * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+    token_loss = torch.maximum(unclipped, clipped)
+    m = inp.mask.float()
+    clip_frac = float(((clipped > unclipped).float() * m).sum() / m.sum().clamp(min=1))
+    return token_loss, clip_frac
+
+
+@register_loss("grpo")
+def grpo_loss(inp: LossInput, cfg: AlgoConfig):
+    """Token-level clipped ratio (PPO) with group advantages, plus ``kl_coef`` * k3 KL."""
+    ratio = torch.exp((inp.logp - inp.old_logp).clamp(-20, 20))
+    token_loss, clip_frac = _ppo_clip(ratio, inp.advantages, inp, cfg)
+    pg = aggregate(token_loss, inp.mask, cfg)
+    metrics = {"losses/policy": float(pg.detach()), "losses/clip_frac": clip_frac}
+    loss = _with_kl(pg, inp, cfg, metrics)
+    metrics["losses/total"] = float(loss.detach())
+    return loss, metrics
+
+
+@register_loss("gspo")
+def gspo_loss(inp: LossInput, cfg: AlgoConfig):
+    """GSPO: one length-normalised ratio per sequence, ``exp(mean_t(logp - old_logp))``, clipped
+    at sequence level; the gradient flows through every token (``s_i * exp(logp - sg(logp))``)."""
+    m = inp.mask.float()
+    seq_log_ratio = ((inp.logp - inp.old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1)
+    s = torch.exp(seq_log_ratio.clamp(-20, 20))
+    ratio = s.detach().unsqueeze(-1) * torch.exp(inp.logp - inp.logp.detach())
+    token_loss, clip_frac = _ppo_clip(ratio, inp.advantages, inp, cfg)
+    pg = aggregate(token_loss, inp.mask, replace(cfg, loss_agg="seq-mean-token-mean"))
+    metrics = {"losses/policy": float(pg.detach()), "losses/clip_frac": clip_frac}
+    loss = _with_kl(pg, inp, cfg, metrics)
+    metrics["losses/total"] = float(loss.detach())
+    return loss, metrics
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy on masked tokens, token-normalised per sequence, optionally weighted.
+
+    >>> float(sft_loss(torch.log(torch.tensor([[0.5, 0.5]])), torch.tensor([[1, 1]])))
+    0.6931...
+    """
+    m = mask.float()
+    per_seq = -(logp * m).sum(-1) / m.sum(-1).clamp(min=1)
+    if weight is None:
+        return per_seq.mean()
+    return (per_seq * weight).sum() / max(1, per_seq.numel())
+
+
+@register_loss("grasp")
+def grasp_loss(inp: LossInput, cfg: AlgoConfig):
+    """GRASP: the GSPO loss on the rollouts (advantages from ``grasp_egc``) plus
+    ``sft_coef`` * weighted cross-entropy on the gold answer after each rollout's own reasoning."""
+    loss, metrics = gspo_loss(inp, cfg)
+    if inp.sft_logp is not None and inp.sft_mask is not None and inp.sft_weight is not None:
+        sft = sft_loss(inp.sft_logp, inp.sft_mask, inp.sft_weight)
+        metrics["losses/sft"] = float(sft.detach())
+        metrics["grasp/sft_weight_mean"] = float(inp.sft_weight.float().mean())
+        loss = loss + cfg.sft_coef * sft
+        metrics["losses/total"] = float(loss.detach())
+    return loss, metrics
+
+
+def policy_loss(name: str, inp: LossInput, cfg: AlgoConfig):
+    """Look up loss ``name`` and apply it; returns ``(loss, metrics)``."""
+    return get_loss(name)(inp, cfg)
+
+
+# ==============================================================================================
+# Algorithms = estimator + loss + defaults
+# ==============================================================================================
+@dataclass(frozen=True)
+class Algorithm:
+    advantage: str
+    loss: str
+    config: AlgoConfig = field(default_factory=AlgoConfig)
+    dynamic_sampling: bool = False
+    overlong_buffer: int = 0
+    needs_sft_branch: bool = False
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", "grpo"),
+    "drgrpo": Algorithm("drgrpo", "grpo", AlgoConfig(std_normalize=False, loss_agg="seq-mean-token-sum-norm")),
+    "dapo": Algorithm("grpo", "grpo", AlgoConfig(clip_high=0.28, kl_coef=0.0, loss_agg="token-mean"),
+                      dynamic_sampling=True, overlong_buffer=8),
+    "gspo": Algorithm("grpo", "gspo", AlgoConfig(clip_low=3e-4, clip_high=4e-4)),
+    "grasp": Algorithm("grasp_egc", "grasp", AlgoConfig(clip_low=3e-4, clip_high=4e-4), needs_sft_branch=True),
+}
+
+
+def get_algorithm(name: str, **overrides) -> Algorithm:
+    """Preset ``name`` with ``AlgoConfig`` fields in ``overrides`` replaced (``None`` = keep)."""
+    if name not in ALGORITHMS:
+        raise ConfigError(unknown_name_message("algorithm", name, ALGORITHMS))
+    algo = ALGORITHMS[name]
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    unknown = set(changes) - set(AlgoConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"expected AlgoConfig fields, got {sorted(unknown)}")
+    return replace(algo, config=replace(algo.config, **changes))

@@ -9,6 +9,7 @@ env, tools and reward are all real.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 import hydra
@@ -49,12 +50,13 @@ def stack():
     return {"dataset": dataset, "tok": tok, "proc": proc, "model": build_tiny_qwen2vl(tok)}
 
 
-def make_config(response_length=1024, **medvqa):
+@functools.lru_cache(maxsize=None)  # read-only for the loop; composing costs ~1 s
+def make_config(response_length=1024, extra=(), **medvqa):
     overrides = [f"data.max_response_length={response_length}", "data.max_prompt_length=4096",
                  "medvqa.env.dataset=embedded", f"+medvqa.env.dataset_options.n={N_RECORDS}",
                  "medvqa.max_action_length=64"]
     overrides += [f"medvqa.{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in medvqa.items()]
-    return compose_config(overrides)
+    return compose_config(overrides + list(extra))
 
 
 def make_loop(stack, cfg, server):
@@ -142,6 +144,13 @@ def test_free_generation_runs_to_max_turns(stack):
     assert out.response_mask.count(0) > 0 and out.response_mask[0] == 1
 
 
+def test_verl_assistant_turn_cap_is_honoured(stack):
+    cfg = make_config(extra=("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",))
+    out, server, _ = run_episode(stack, cfg, [ZOOM, ZOOM, ZOOM], 1)
+    assert out.extra_fields["medvqa"]["end_reason"] == "max_assistant_turns"
+    assert len(server.calls) == 2 and out.reward_score == -1.0
+
+
 def test_token_budget_ends_episode(stack):
     """A tiny response_length cuts the episode; output stays within it and counts as no answer."""
     out, _, _ = run_episode(stack, make_config(response_length=80), [ZOOM, ZOOM, ZOOM], 1)
@@ -169,3 +178,34 @@ def test_concurrent_episodes_and_overlong_penalty(stack):
         assert out.reward_score == pytest.approx(1.0 + expected_penalty)
     assert {o.extra_fields["medvqa"]["record_id"] for o in outs} == {stack["dataset"][1].id, stack["dataset"][3].id}
     assert isinstance(make_loop(stack, cfg, server), MedVQAAgentLoop)
+
+
+def test_output_goes_through_verl_batch_assembly(stack):
+    """verl's own AgentLoopWorker post-processing pads the output into a DataProto with rm_scores.
+
+    ``AgentLoopWorker.__init__`` loads the model config from a checkpoint path, so the worker is
+    built without it and given the attributes its post-processing reads; the methods run as is.
+    """
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = make_config(response_length=512)
+    out, _, _ = run_episode(stack, cfg, [ZOOM, r"\boxed{no}"], 1)
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)
+    worker.config, worker.tokenizer, worker.processor = cfg, stack["tok"], stack["proc"]
+    worker.rollout_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.mm_processor_kwargs = None, False, {}
+    internal = asyncio.run(worker._agent_loop_postprocess(out, validate=False, raw_prompt=[]))
+    batch = worker._postprocess([internal, internal])
+
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    assert prompts.shape == (2, 4096) and responses.shape == (2, 512)
+    n = len(out.response_ids)
+    assert batch.batch["response_mask"][0, :n].tolist() == out.response_mask
+    assert batch.batch["response_mask"][0, n:].sum() == 0
+    rm = batch.batch["rm_scores"][0]
+    assert rm[n - 1] == 1.0 and rm.sum() == 1.0  # the reward sits on the last response token
+    assert batch.meta_info["reward_extra_keys"] == list(out.extra_fields["reward_extra_info"])
+    assert batch.non_tensor_batch["acc"].tolist() == [1.0, 1.0]
+    mm = batch.non_tensor_batch["multi_modal_inputs"][0]
+    assert mm["image_grid_thw"].shape[0] == 2  # question image + zoomed crop

@@ -90,6 +90,8 @@ def test_bad_inputs_fail_clearly():
         compose_config(["data.train_batch_size"])
     with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
         validate(compose_config(["actor_rollout_ref.actor.ppo_mini_batch_size=64"]))
+    with pytest.raises(ConfigError, match="max_assistant_turns >= medvqa.env.max_turns"):
+        validate(compose_config(["medvqa.env.max_turns=5"]))
     with pytest.raises(ConfigError, match="overlong_buffer.len"):
         validate(compose_config(["medvqa.overlong_buffer.len=9000"], algorithm="dapo"))
 

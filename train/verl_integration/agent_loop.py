@@ -13,8 +13,9 @@ One call of :meth:`MedVQAAgentLoop.run` is one episode:
 4. the env's observation message (tool output text, capped at ``medvqa.max_obs_length`` tokens,
    plus any new images) is appended with ``response_mask`` 0 and its images join
    ``multi_modal_data["images"]``;
-5. repeat until the env ends the episode (a final answer, or ``max_turns`` tool turns used) or
-   the token budget runs out.
+5. repeat until the env ends the episode (a final answer, or ``max_turns`` tool turns used), the
+   token budget (``response_length``) runs out or verl's ``multi_turn.max_assistant_turns`` is
+   reached; the last two count as "no answer".
 
 The env's terminal reward is ``AgentLoopOutput.reward_score``, so verl uses it directly (its
 reward manager is skipped); the reward components, tool-call counts and the end reason travel in
@@ -127,6 +128,7 @@ class MedVQAAgentLoop(AgentLoopBase):
         self.stop = list(self.settings.get("stop") or [])
         self.overlong = dict(self.settings.get("overlong_buffer") or {})
         self.eos_id = self.tokenizer.eos_token_id
+        self.max_assistant_turns = self.rollout_config.multi_turn.max_assistant_turns
 
     # ------------------------------------------------------------------------------------------
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -186,6 +188,9 @@ class MedVQAAgentLoop(AgentLoopBase):
             if terminated or truncated:
                 reward, end_reason = float(r), step_info.get("end_reason")
                 break
+            if self.max_assistant_turns and assistant_turns >= self.max_assistant_turns:
+                end_reason = "max_assistant_turns"  # verl's own cap, normally above the env's
+                break
 
             previous = messages + [{"role": "assistant", "content": last_text}]
             n_before, images = len(images), list(env.images)
@@ -197,7 +202,7 @@ class MedVQAAgentLoop(AgentLoopBase):
             runtime_ids, logprobs = merged.token_ids, (lp or [])
             user_turns += 1
 
-        if reward is None:  # the token budget ended the episode: score it as "no answer"
+        if reward is None:  # the token budget or verl's turn cap ended it: score it as "no answer"
             record = env.record
             info = {"answer_type": record.answer_type.value, "options": dict(record.options),
                     "answer_protocol": self.env_kwargs.get("answer_protocol", "boxed"), "record_id": record.id}

@@ -277,5 +277,11 @@ def _validate_medvqa(cfg) -> None:
             f"expected medvqa.overlong_buffer.len in 1..{response_length - 1} (response_length), got {ob.len!r}")
     if cfg.actor_rollout_ref.rollout.agent.default_agent_loop != AGENT_NAME:
         return
-    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable:
         raise ConfigError("expected actor_rollout_ref.rollout.multi_turn.enable=true for the medvqa agent loop")
+    env_turns = int(m.env.max_turns)
+    if multi_turn.max_assistant_turns is not None and int(multi_turn.max_assistant_turns) < env_turns + 1:
+        raise ConfigError(
+            f"expected actor_rollout_ref.rollout.multi_turn.max_assistant_turns >= medvqa.env.max_turns + 1 "
+            f"= {env_turns + 1} (tool turns + the answer turn), got {multi_turn.max_assistant_turns}")

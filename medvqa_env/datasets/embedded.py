@@ -31,7 +31,7 @@ from medvqa_env.datasets import phantoms as ph
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import Annotations, AnswerType, Box, Mask, VQADataset, VQARecord
 
-VERSION = "v1"
+VERSION = "v2"  # bump whenever the generator's output changes
 QUESTIONS_PER_IMAGE = 4
 SPLIT_SIZES = {"train": 800, "val": 100, "test": 200}  # questions
 SPLIT_CODES = {"train": 1, "val": 2, "test": 3}

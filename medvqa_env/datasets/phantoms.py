@@ -217,7 +217,11 @@ def _mri_brain(rng):
               # radiological convention: the patient's right hemisphere is on the image's left
               "right hemisphere": brain & (_XX < cx - 2) & ~vent,
               "left hemisphere": brain & (_XX > cx + 2) & ~vent}
-    return img, organs, "bright", {"noise": 6.0, "blur": 0.8, "rician": True}
+    # lesions go in the white matter, where a bright spot cannot pass for cortex
+    wm = wm_d < 1
+    acq = {"noise": 6.0, "blur": 0.8, "rician": True,
+           "regions": {h: organs[h] & wm for h in ("right hemisphere", "left hemisphere")}}
+    return img, organs, "bright", acq
 
 
 def _xray_chest(rng):
@@ -266,8 +270,9 @@ def _radii(rng, n: int) -> list[float]:
     return radii
 
 
-def _place(rng, n: int, kind: str, organs: dict[str, np.ndarray]) -> list[Lesion] | None:
-    """Place ``n`` lesions; ``None`` if a placement failed (the caller redraws)."""
+def _place(rng, n: int, kind: str, regions: dict[str, np.ndarray]) -> list[Lesion] | None:
+    """Place ``n`` lesions wholly inside ``regions[host]``; ``None`` if a placement failed (the
+    caller redraws)."""
     lesions: list[Lesion] = []
     hosts = HOSTS[kind]
     for radius in _radii(rng, n):
@@ -276,7 +281,7 @@ def _place(rng, n: int, kind: str, organs: dict[str, np.ndarray]) -> list[Lesion
         placed = False
         for h in host_order:
             host = hosts[h]
-            ys, xs = np.nonzero(organs[host])
+            ys, xs = np.nonzero(regions[host])
             for _ in range(30):
                 i = int(rng.integers(len(xs)))
                 cx, cy = float(xs[i]) + rng.uniform(-0.5, 0.5), float(ys[i]) + rng.uniform(-0.5, 0.5)
@@ -285,7 +290,7 @@ def _place(rng, n: int, kind: str, organs: dict[str, np.ndarray]) -> list[Lesion
                 if any(np.hypot(cx - l.cx, cy - l.cy) < radius + l.radius + 5 for l in lesions):
                     continue
                 margin = disk(cx, cy, radius + 2)
-                if (margin & ~organs[host]).any():
+                if (margin & ~regions[host]).any():
                     continue
                 mask = disk(cx, cy, radius)
                 lesions.append(Lesion(host, cx, cy, radius, contrast, mask))
@@ -314,7 +319,7 @@ def draw_scene(rng: np.random.Generator, kind: str, n_lesions: int) -> Scene:
         raise ValueError(f"expected 0..{MAX_LESIONS} lesions, got {n_lesions!r}")
     for _ in range(20):
         base, organs, polarity, acq = _DRAW[kind](rng)
-        lesions = _place(rng, n_lesions, kind, organs)
+        lesions = _place(rng, n_lesions, kind, acq.get("regions", organs))
         if lesions is not None:
             break
     else:  # pragma: no cover - the anatomy leaves ample room; kept as a clear failure

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from medvqa_env.datasets import load_dataset
-from medvqa_env.datasets.embedded import SPLIT_SIZES, load_embedded
+from medvqa_env.datasets.embedded import SPLIT_SIZES, VERSION, load_embedded
 from medvqa_env.datasets.phantoms import HOSTS, QUADRANTS
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType
@@ -195,7 +195,7 @@ def test_processes_racing_on_one_folder_agree(tmp_path):
 def test_default_cache_folder_follows_medvqa_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path))
     ds = load_embedded("val", n=4)
-    assert ds[0].image_paths[0].startswith(str(tmp_path / "embedded" / "v1" / "val_seed0"))
+    assert ds[0].image_paths[0].startswith(str(tmp_path / "embedded" / VERSION / "val_seed0"))
 
 
 def test_deleted_cached_files_are_drawn_again(tmp_path):

@@ -102,6 +102,8 @@ def load_pathvqa(split: str = "test", root: str | Path | None = None, limit: int
     if manifest is None:
         raise DatasetError(f"PathVQA {key} file not found; looked for {[str(c) for c in candidates]}")
     rows = safe_unpickle(manifest.read_bytes(), str(manifest), trusted)
+    if trusted and hasattr(rows, "to_dict") and not isinstance(rows, dict):  # a pandas DataFrame
+        rows = rows.to_dict("records")
     if not isinstance(rows, list):
         raise DatasetError(f"{manifest}: expected a pickled list of dicts, got {type(rows).__name__}")
     image_dir = base / "images" / key

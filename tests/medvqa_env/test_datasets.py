@@ -147,6 +147,15 @@ def test_pathvqa_refuses_a_pickle_that_runs_code(pathvqa_root, capsys):
         load_dataset("pathvqa", root=pathvqa_root)
 
 
+def test_pathvqa_trusted_reads_a_dataframe_pickle(pathvqa_root):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame([{"image": "test_0001", "question": "What is shown?", "answer": "granuloma"}])
+    (pathvqa_root / "split" / "qas" / "test" / "test_qa.pkl").write_bytes(pickle.dumps(frame))
+    with pytest.raises(DatasetError, match="refusing to load pandas"):
+        load_dataset("pathvqa", root=pathvqa_root)
+    assert load_dataset("pathvqa", root=pathvqa_root, trusted=True)[0].answer == "granuloma"
+
+
 def test_pathvqa_errors(pathvqa_root):
     (pathvqa_root / "split" / "images" / "test" / "test_0002.jpg").unlink()
     with pytest.raises(DatasetError, match=r"'pathvqa_test_2'.*test_0002\.jpg.*does not exist"):

@@ -22,7 +22,9 @@ waiting (then 503); image and annotation paths are read only from under ``image_
 # No `from __future__ import annotations` here: FastAPI reads the endpoint annotations at runtime.
 import asyncio
 import base64
+import hashlib
 import hmac
+import json
 import ipaddress
 import logging
 import time
@@ -110,8 +112,6 @@ class _TooLarge(Exception):
 
 
 async def _plain(send, status: int, detail: str) -> None:
-    import json
-
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -169,6 +169,9 @@ class ToolService:
             index = arguments.get("image_index", 0)
             if isinstance(index, int) and -len(images) <= index < len(images) and images[index] is not None:
                 key = cache_key(name, arguments, images, context)
+                if key is not None:  # clients need not send record ids: key on the whole context too
+                    blob = json.dumps(context.to_dict(), sort_keys=True, default=str).encode()
+                    key += "|" + hashlib.blake2b(blob, digest_size=12).hexdigest()
         if key is not None:
             hit = self.cache.get(key)
             if hit is not None:
@@ -290,8 +293,6 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         authorize(request)
         if proxy:
             raw = await request.body()
-            import json
-
             try:
                 name = json.loads(raw).get("tool")
             except Exception:

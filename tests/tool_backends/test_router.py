@@ -1,0 +1,64 @@
+"""The router: one address for several real tool servers, dispatching by tool name."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from medvqa_env.errors import ConfigError
+from medvqa_env.parser import ToolCall
+from tool_backends.base import ToolContext
+from tool_backends.router import parse_upstreams
+from tool_backends.toolbox import Toolbox
+from tool_backends.wire import encode_image
+
+
+@pytest.fixture(scope="module")
+def stack(start_server):
+    a = start_server(["serve", "--tools", "segment"], wait=False)
+    b = start_server(["serve", "--tools", "ground,image_zoom_in"], wait=False)
+    router = start_server(["router", "--upstream",
+                           f"segment={a.url},ground={b.url},image_zoom_in={b.url}", "--timeout-s", "5"], wait=False)
+    return {"segment": a.wait(), "ground": b.wait(), "router": router.wait()}
+
+
+CALLS = [ToolCall("segment", {"bbox": [30, 40, 70, 80]}), ToolCall("ground", {"text": "bright"}),
+         ToolCall("image_zoom_in", {"bbox": [0, 0, 40, 40]}), ToolCall("segment", {"point": [999, 1]})]
+
+
+def test_router_results_equal_local_ones(stack, scene):
+    names = ["segment", "ground", "image_zoom_in"]
+    routed = Toolbox.from_config({n: stack["router"].url for n in names}, cache=False)
+    local = Toolbox.from_config(names, cache=False)
+    for call in CALLS:
+        r, l = (box.call(call, [scene.image], ToolContext()).result for box in (routed, local))
+        assert (r.text, r.data, r.error) == (l.text, l.data, l.error)
+        assert [im.tobytes() for im in r.images] == [im.tobytes() for im in l.images]
+    tools = httpx.get(stack["router"].url + "/tools").json()["tools"]
+    assert sorted(t["function"]["name"] for t in tools) == sorted(names)
+    routed.close(), local.close()
+
+
+def test_router_get_observation_dispatches_each_call(stack, scene):
+    turn = ('<tool_call>{"name": "segment", "arguments": {"bbox": [30, 40, 70, 80]}}</tool_call>'
+            '<tool_call>{"name": "ground", "arguments": {"text": "bright"}}</tool_call>')
+    out = httpx.post(stack["router"].url + "/get_observation", timeout=30,
+                     json={"trajectory_ids": [7], "actions": [turn],
+                           "extra_fields": [{"images": [encode_image(scene.image, "png")]}]}).json()
+    obs = out["observations"][0]
+    assert obs["obs"].startswith("[segment] Segmented") and "\n[ground] Found" in obs["obs"]
+    assert len(obs["image"]) == 2 and out["valids"] == [True] and out["dones"] == [False]
+
+
+def test_a_dead_upstream_fails_only_its_tools(stack, scene):
+    routed = Toolbox.from_config({"segment": stack["router"].url, "ground": stack["router"].url}, cache=False)
+    stack["ground"].stop()
+    dead = routed.call(CALLS[1], [scene.image], ToolContext()).result
+    assert not dead.ok and "ground" in dead.error and "502" in dead.error
+    assert routed.call(CALLS[0], [scene.image], ToolContext()).result.ok
+    routed.close()
+
+
+def test_parse_upstreams_rejects_garbage():
+    with pytest.raises(ConfigError, match="tool=http"):
+        parse_upstreams("segment:7660")

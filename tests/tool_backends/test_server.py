@@ -1,0 +1,165 @@
+"""The tool server's protocol and defences, against a real server with a token on loopback."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+
+import httpx
+import pytest
+from PIL import Image
+
+from medvqa_env.errors import ConfigError
+from medvqa_env.parser import ToolCall
+from tool_backends.base import ToolContext
+from tool_backends.cli import main as cli_main
+from tool_backends.http_client import HTTPToolBackend
+from tool_backends.server import ServerSettings, check_settings
+from tool_backends.toolbox import Toolbox
+from tool_backends.wire import encode_image
+
+TOKEN = "s3cret-test-token"
+
+
+@pytest.fixture(scope="module")
+def server(start_server, scene, tmp_path_factory):
+    shared = tmp_path_factory.mktemp("shared")
+    proc = start_server(["serve", "--tools", "segment,ground,image_zoom_in", "--engine", "segment=oracle",
+                         "--image-root", str(scene.root), "--image-root", str(shared), "--token-env", "TEST_TOOLS_TOKEN",
+                         "--max-body-mb", "1", "--max-concurrency", "2"], env={"TEST_TOOLS_TOKEN": TOKEN})
+    proc.shared = shared
+    return proc
+
+
+@pytest.fixture()
+def http(server):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture()
+def token_env(monkeypatch):
+    monkeypatch.setenv("TEST_TOOLS_TOKEN", TOKEN)
+    return "TEST_TOOLS_TOKEN"
+
+
+def body_for(scene, tool="segment", arguments=None, **extra):
+    return {"tool": tool, "arguments": arguments if arguments is not None else {"bbox": [30, 40, 70, 80]},
+            "images": [encode_image(scene.image, "png")], **extra}
+
+
+def test_health_is_open_and_tools_need_the_token(server, http):
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["tools"] == ["ground", "image_zoom_in", "segment"]
+    assert httpx.get(server.url + "/tools").status_code == 401
+    wrong = httpx.get(server.url + "/tools", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and TOKEN not in wrong.text
+    names = [t["function"]["name"] for t in http.get("/tools").json()["tools"]]
+    assert sorted(names) == ["ground", "image_zoom_in", "segment"]
+
+
+def test_call_returns_the_tool_result(http, scene):
+    r = http.post("/call", json=body_for(scene, context=ToolContext(annotations=scene.record.annotations).to_dict()))
+    assert r.status_code == 200
+    result = r.json()["result"]
+    assert result["error"] is None and result["data"]["area_px"] == int(scene.disc_mask.sum())
+    assert result["data"]["bbox"] == [36, 46, 65, 75]  # the annotated disc mask (mask under the image root)
+    assert Image.open(io.BytesIO(base64.b64decode(result["images"][0]["png"]))).size == scene.image.size
+
+
+@pytest.mark.parametrize("mutate,status,message", [
+    (lambda b: "not json", 400, "JSON"),
+    (lambda b: {**b, "tool": "zoom"}, 404, "Did you mean 'image_zoom_in'"),
+    (lambda b: {**b, "tool": 3}, 400, "'tool' to be a string"),
+    (lambda b: {**b, "images": [{"png": "%%%"}]}, 400, "base64"),
+    (lambda b: {**b, "images": [{"raw": "AAAA", "size": [10, 10]}]}, 400, "needs 300 bytes"),
+    (lambda b: {**b, "images": [{"gif": "x"}]}, 400, "'png', 'raw' or 'path'"),
+    (lambda b: {**b, "images": [{"path": "/etc/passwd"}]}, 403, "not under this server's image roots"),
+    (lambda b: {**b, "context": []}, 400, "'context' to be an object"),
+])
+def test_malformed_requests_get_4xx_with_a_message(http, scene, mutate, status, message):
+    payload = mutate(body_for(scene))
+    r = http.post("/call", content=payload if isinstance(payload, str) else json.dumps(payload),
+                  headers={"content-type": "application/json"})
+    assert r.status_code == status and message in r.json()["detail"]
+
+
+def test_bad_arguments_are_a_200_with_a_readable_error(http, scene):
+    r = http.post("/call", json=body_for(scene, arguments={"bbox": [1, 2]}))
+    assert r.status_code == 200 and r.json()["result"]["error"] == "Argument 'bbox' needs at least 4 items, got 2."
+
+
+def test_oversized_bodies_are_refused(http):
+    r = http.post("/call", content=b"{" + b" " * (2 * 1024 * 1024) + b"}", headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "over the limit" in r.json()["detail"]
+
+
+def test_annotation_masks_outside_the_roots_are_never_opened(http, scene, tmp_path):
+    from medvqa_env.records import Annotations, Mask
+
+    outside = tmp_path / "mask.png"
+    Image.fromarray(scene.disc_mask.astype("uint8") * 255).save(outside)
+    ctx = ToolContext(annotations=Annotations(masks=(Mask("nodule", str(outside)),)))
+    r = http.post("/call", json=body_for(scene, context=ctx.to_dict())).json()["result"]
+    assert r["data"]["area_px"] == 0 and "No structure found" in r["text"]
+
+
+def test_path_transport_reads_only_under_the_roots(server, token_env, scene):
+    client = HTTPToolBackend(["segment"], url=server.url, token_env=token_env, transport="path",
+                             shared_dir=str(server.shared))
+    ctx = ToolContext(annotations=scene.record.annotations)
+    result = client.call("segment", [scene.image], {"bbox": [30, 40, 70, 80]}, ctx)
+    assert result.data["bbox"] == [36, 46, 65, 75] and len(list(server.shared.iterdir())) == 1
+    client.close()
+
+
+def test_get_observation_speaks_verl_tool(http, scene):
+    image = encode_image(scene.image, "png")
+    turn = ('<think>look</think><tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 40, 40]}}'
+            '</tool_call>')
+    payload = {"trajectory_ids": ["a", "b", "c", "d"],
+               "actions": [turn, "The answer is \\boxed{yes}", turn,
+                           '<tool_call>{"name": "zoom", "arguments": {}}</tool_call>'],
+               "finish": [False, False, True, False],
+               "extra_fields": [{"images": [image]}, {}, {"images": [image]}, {"images": [image]}]}
+    out = http.post("/get_observation", json=payload).json()
+    assert out["dones"] == [False, True, True, False] and out["valids"] == [True, False, False, False]
+    first = out["observations"][0]
+    assert first["obs"].startswith("[image_zoom_in] Zoomed into region") and first["image"][0].startswith("data:image/png")
+    assert out["observations"][1] == "" and "Unknown tool 'zoom'" in out["observations"][3]
+    bad = http.post("/get_observation", json={"actions": ["x"], "finish": [False, True]})
+    assert bad.status_code == 400
+
+
+def test_batch_calls_and_pickled_clients(server, token_env, scene):
+    client = HTTPToolBackend(None, url=server.url, token_env=token_env, transport="raw")
+    ctx = ToolContext()
+    results = client.call_many([("image_zoom_in", [scene.image], {"bbox": [0, 0, 50, 50]}, ctx),
+                                ("ground", [scene.image], {"text": ""}, ctx)])
+    assert results[0].ok and results[0].images and "non-empty" in results[1].error
+    blob = pickle.dumps(client)
+    assert TOKEN.encode() not in blob and b"httpx" not in blob
+    copy = pickle.loads(blob)
+    assert copy.call("image_zoom_in", [scene.image], {"bbox": [0, 0, 50, 50]}, ctx).text == results[0].text
+    client.close(), copy.close()
+
+
+def test_remote_toolbox_with_token_from_config(server, token_env, scene):
+    box = Toolbox.from_config({"segment": {"url": server.url, "token_env": token_env}}, cache=False)
+    rec = box.call(ToolCall("segment", {"point": [50, 60]}), [scene.image], ToolContext())
+    assert rec.result.ok and rec.result.data["area_px"] == 0  # oracle without annotations finds nothing
+    assert "segment" in box.names
+    box.close()
+
+
+def test_settings_refuse_an_open_bind_without_a_token(monkeypatch, capsys):
+    with pytest.raises(ConfigError, match="without a token"):
+        check_settings(ServerSettings(host="0.0.0.0"))
+    check_settings(ServerSettings(host="0.0.0.0", token="t"))
+    assert cli_main(["serve", "--tools", "segment", "--host", "0.0.0.0", "--port", "1"]) == 2
+    assert "without a token" in capsys.readouterr().err
+    monkeypatch.delenv("EMPTY_TOKEN_VAR", raising=False)
+    with pytest.raises(ConfigError, match="EMPTY_TOKEN_VAR"):
+        HTTPToolBackend(["segment"], url="http://127.0.0.1:1", token_env="EMPTY_TOKEN_VAR")

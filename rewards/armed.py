@@ -1,0 +1,184 @@
+r"""ARMed's adaptive open-answer reward (seed 000 §4.2, arXiv 2508.12957), batched.
+
+    R_c     = λ1 · BLEU-1 + (1 - λ1) · ROUGE-1
+    R_as    = λ2 · BERTScore_adapt + (1 - λ2) · CosSim_adapt
+    R_f     = 1 if the format is right else 0
+    R_total = (γ1 R_c + γ2 R_as + γ3 R_f) / (γ1 + γ2 + γ3)
+    reward  = 2 · R_total - 1
+
+``*_adapt`` is :func:`rewards.adaptive.squash` of the raw score around a threshold that drifts
+with a running buffer (:mod:`rewards.adaptive`). The constructor is cheap: encoders load on the
+first batch, and are dropped when the reward is pickled (env workers reload them lazily).
+
+Speed: one encoder pass per *distinct* text, references cached across calls (a GRPO group shares
+one reference), and with the default MiniLM one pass serves both BERTScore and cosine similarity
+(:mod:`rewards.encoders`). ``benchmarks/bench_rewards.py`` measures it against a naive loop.
+
+>>> from medvqa_env.records import AnswerType
+>>> r = ARMedReward()
+>>> out = r([RewardInput(r"\boxed{left lower lobe}", "left lower lobe", "left lower lobe", AnswerType.OPEN)])
+>>> round(out[0].components["bleu1"], 3), round(out[0].components["r_c"], 3)
+(1.0, 1.0)
+>>> out[0].total > 0.9
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from rewards.adaptive import AdaptiveConfig, AdaptiveThresholds, squash
+from rewards.base import RewardFunction, RewardInput, RewardOutput
+from rewards.normalize import exact_match
+from rewards.text_metrics import lexical_scores
+
+
+@dataclass
+class ARMedConfig:
+    """Everything ARMed can be told. Defaults: the seed's weights, offline MiniLM encoders."""
+
+    lambda1: float = 0.5
+    """Weight of BLEU-1 in R_c (ROUGE-1 gets 1 - lambda1)."""
+    lambda2: float = 0.2
+    """Weight of adaptive BERTScore in R_as (adaptive cosine gets 1 - lambda2)."""
+    gammas: tuple[float, float, float] = (0.4, 0.4, 0.2)
+    """Weights of R_c, R_as, R_f in R_total (normalised by their sum)."""
+    bertscore_model: str | None = None
+    """Local folder of the BERTScore encoder; None = all-MiniLM-L6-v2 (offline). Seed: PubMedBERT."""
+    bertscore_layers: int = 6
+    """bert-score's ``num_layers`` for that model (seed: 8 for PubMedBERT; MiniLM has 6)."""
+    cosine_model: str | None = None
+    """Local sentence-transformers folder for CosSim; None = all-MiniLM-L6-v2. Seed: BioBERT-STS."""
+    stem: bool = False
+    """Porter-stem tokens before BLEU-1/ROUGE-1 (rouge-score's tokenizer either way)."""
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    """Buffer size, percentile, drift, clip range and squashing of the adaptive thresholds."""
+    threshold_store: str = "local"
+    """'local' (this object owns the buffers) or 'ray' (one named actor owns them for all workers)."""
+    ray_actor_name: str = "medvqa-armed-thresholds"
+    """Name of the threshold actor when ``threshold_store='ray'``."""
+    device: str = "cpu"
+    """Torch device for the encoders (the seed keeps them on CPU to leave the GPU to rollouts)."""
+    batch_size: int = 64
+    """Texts per encoder forward pass."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.lambda1 <= 1.0 or not 0.0 <= self.lambda2 <= 1.0:
+            raise ValueError(f"expected lambda1, lambda2 in [0, 1], got {self.lambda1!r}, {self.lambda2!r}")
+        if len(self.gammas) != 3 or min(self.gammas) < 0 or sum(self.gammas) <= 0:
+            raise ValueError(f"expected three non-negative gammas with a positive sum, got {self.gammas!r}")
+        if self.threshold_store not in ("local", "ray"):
+            raise ValueError(f"expected threshold_store 'local' or 'ray', got {self.threshold_store!r}")
+        if isinstance(self.adaptive, Mapping):
+            self.adaptive = AdaptiveConfig(**self.adaptive)
+
+    @classmethod
+    def paper(cls, pubmedbert_path: str, biobert_sts_path: str, **overrides: Any) -> "ARMedConfig":
+        """The seed's backbones from local folders: PubMedBERT layer 8 for BERTScore
+        (``microsoft/BiomedNLP-PubMedBERT-base-uncased-abstract``) and BioBERT-STS for CosSim
+        (``pritamdeka/BioBERT-mnli-snli-scinli-scitail-mednli-stsb``)."""
+        return cls(bertscore_model=pubmedbert_path, bertscore_layers=8, cosine_model=biobert_sts_path, **overrides)
+
+
+class ARMedReward(RewardFunction):
+    """Seed 000's OPEN reward in [-1, 1]; components are logged as ``reward/<name>``.
+
+    Components: ``bleu1``, ``rouge1``, ``bertscore``, ``cosine`` (raw), ``threshold_bertscore``,
+    ``threshold_cosine`` (used for this batch), ``bertscore_adapt``, ``cosine_adapt``, ``format``,
+    ``r_c``, ``r_as``, ``r_total``, and ``accuracy`` (normalised exact match, for logging only).
+    A missing answer scores 0 on every metric and is kept out of the threshold buffers.
+    """
+
+    name = "armed"
+
+    def __init__(self, config: ARMedConfig | None = None, *, token_encoder: Any = None, **overrides: Any) -> None:
+        if config is not None and overrides:
+            raise ValueError(f"expected either a config or keyword overrides, got both ({sorted(overrides)})")
+        self.config = config or ARMedConfig(**overrides)
+        # ``token_encoder``: an already built :class:`rewards.encoders.TokenEncoder` to share (it must
+        # match ``bertscore_model``/``bertscore_layers``); it is still dropped on pickling.
+        self._token_encoder = token_encoder
+        self._sentence_encoder = None
+        if self.config.threshold_store == "ray":
+            from rewards.adaptive_ray import RayThresholds
+
+            self.thresholds = RayThresholds(self.config.adaptive, name=self.config.ray_actor_name)
+        else:
+            self.thresholds = AdaptiveThresholds(self.config.adaptive)
+
+    # -- lazy encoders --------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_token_encoder": None, "_sentence_encoder": None}
+
+    def _encoders(self):
+        from rewards.encoders import SentenceEncoder, TokenEncoder, default_model_path
+
+        c = self.config
+        if self._token_encoder is None:
+            self._token_encoder = TokenEncoder(c.bertscore_model, c.bertscore_layers, c.batch_size, device=c.device)
+        if self._sentence_encoder is None:
+            same = (c.cosine_model or default_model_path()) == (c.bertscore_model or default_model_path())
+            if not (same and self._token_encoder.sentence_compatible):
+                self._sentence_encoder = SentenceEncoder(c.cosine_model, c.batch_size, device=c.device)
+        return self._token_encoder, self._sentence_encoder
+
+    @property
+    def shares_encoder_pass(self) -> bool:
+        """Whether BERTScore and cosine come from one forward pass (True for the MiniLM default)."""
+        return self._encoders()[1] is None
+
+    # -- scoring ------------------------------------------------------------------------------
+    def semantic_scores(self, candidates: Sequence[str], references: Sequence[str]) -> tuple[list[float], list[float]]:
+        """Raw BERTScore F1 and cosine similarity per pair (empty candidate -> 0, 0)."""
+        from rewards.encoders import bertscore_f1, cosine
+
+        tok, sent = self._encoders()
+        enc = tok.encode(list(candidates) + list(references))
+        cand_enc, ref_enc = enc[: len(candidates)], enc[len(candidates):]
+        bs = [bertscore_f1(c, r) for c, r in zip(cand_enc, ref_enc)]
+        if sent is None:
+            cos = [cosine(c.sentence, r.sentence) for c, r in zip(cand_enc, ref_enc)]
+        else:
+            vec = sent.encode(list(candidates) + list(references))
+            cos = [cosine(c, r) for c, r in zip(vec[: len(candidates)], vec[len(candidates):])]
+        empty = [not c.strip() for c in candidates]
+        return ([0.0 if e else b for b, e in zip(bs, empty)], [0.0 if e else x for x, e in zip(cos, empty)])
+
+    def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
+        if not batch:
+            return []
+        c = self.config
+        cands = [s.answer if s.answer is not None else "" for s in batch]
+        refs = [s.ground_truth for s in batch]
+        bleu, rouge = lexical_scores(cands, refs, stem=c.stem)
+        bert, cos = self.semantic_scores(cands, refs)
+        keep = [i for i, cand in enumerate(cands) if cand.strip()]
+        used = self.thresholds.step({"bertscore": [bert[i] for i in keep], "cosine": [cos[i] for i in keep]})
+        a = c.adaptive
+        g1, g2, g3 = c.gammas
+        out = []
+        for i, s in enumerate(batch):
+            b_ad = squash(bert[i], used["bertscore"], a.alpha_pos, a.alpha_neg)
+            c_ad = squash(cos[i], used["cosine"], a.alpha_pos, a.alpha_neg)
+            r_c = c.lambda1 * bleu[i] + (1 - c.lambda1) * rouge[i]
+            r_as = c.lambda2 * b_ad + (1 - c.lambda2) * c_ad
+            r_f = 1.0 if (s.format_ok and s.answer is not None) else 0.0
+            r_total = (g1 * r_c + g2 * r_as + g3 * r_f) / (g1 + g2 + g3)
+            out.append(RewardOutput(2.0 * r_total - 1.0, {
+                "bleu1": bleu[i], "rouge1": rouge[i], "bertscore": bert[i], "cosine": cos[i],
+                "threshold_bertscore": used["bertscore"], "threshold_cosine": used["cosine"],
+                "bertscore_adapt": b_ad, "cosine_adapt": c_ad, "format": r_f,
+                "r_c": r_c, "r_as": r_as, "r_total": r_total,
+                "accuracy": float(exact_match(s.answer, s.ground_truth)),
+            }))
+        return out
+
+    # -- checkpoint state ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"thresholds": self.thresholds.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "thresholds" not in state:
+            raise ValueError(f"expected an ARMed state with 'thresholds', got keys {sorted(state)!r}")
+        self.thresholds.load_state_dict(state["thresholds"])

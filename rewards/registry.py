@@ -1,0 +1,124 @@
+"""Named rewards: ``build_reward("armed")``, ``build_reward("default+tools")``.
+
+The env resolves a string ``reward=`` through :func:`build_reward`. Names:
+
+* ``default`` -- seed 000: rule ±1 for CLOSED/MCQ, ARMed for OPEN.
+* ``rule`` -- rule ±1 for every type; ``exact_match`` -- normalised exact match ±1.
+* ``armed`` -- ARMed for every sample (options go to :class:`rewards.armed.ARMedConfig`).
+* ``medix`` -- the MediX-R1 composite (needs ``judge=`` options or a judge URL; see below).
+* ``grasp`` -- the GRASP reward.
+
+Append ``+tools`` to any name for tool-use shaping (:class:`rewards.shaping.ToolUseShaping`),
+e.g. ``build_reward("default+tools")``; shaping options go in ``tool_shaping={...}``.
+
+>>> build_reward("rule").name
+'rule'
+>>> build_reward("rule+tools").name
+'rule+tools'
+>>> build_reward("armd")
+Traceback (most recent call last):
+...
+medvqa_env.errors.ConfigError: Unknown reward 'armd'. Available: ['armed', 'default', 'exact_match', 'grasp', 'medix', 'rule']. Did you mean 'armed'?
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from medvqa_env.errors import ConfigError, unknown_name_message
+from rewards.base import ByAnswerType, RewardFunction
+
+RewardFactory = Callable[..., RewardFunction]
+_FACTORIES: dict[str, RewardFactory] = {}
+SHAPING_SUFFIX = "+tools"
+
+
+def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
+    """Decorator: register ``factory(**options) -> RewardFunction`` under ``name``."""
+    if SHAPING_SUFFIX in name:
+        raise ConfigError(f"expected a reward name without {SHAPING_SUFFIX!r}, got {name!r}")
+
+    def wrap(factory: RewardFactory) -> RewardFactory:
+        if name in _FACTORIES and _FACTORIES[name] is not factory:
+            raise ConfigError(f"reward {name!r} is already registered")
+        _FACTORIES[name] = factory
+        return factory
+
+    return wrap
+
+
+def available_rewards() -> list[str]:
+    """Registered base names (each also exists with ``+tools``)."""
+    return sorted(_FACTORIES)
+
+
+def build_reward(name: str, *, tool_shaping: dict[str, Any] | None = None, **options: Any) -> RewardFunction:
+    """Build the reward ``name`` (optionally ``<name>+tools``) with ``options``."""
+    if not isinstance(name, str):
+        raise ConfigError(f"expected a reward name (str), got {name!r}")
+    base_name, shaped = name, False
+    if name.endswith(SHAPING_SUFFIX):
+        base_name, shaped = name[: -len(SHAPING_SUFFIX)], True
+    if tool_shaping is not None and not shaped:
+        raise ConfigError(f"tool_shaping options given but {name!r} has no {SHAPING_SUFFIX!r} suffix")
+    try:
+        factory = _FACTORIES[base_name]
+    except KeyError:
+        raise ConfigError(unknown_name_message("reward", base_name, _FACTORIES)) from None
+    try:
+        reward = factory(**options)
+    except TypeError as e:
+        raise ConfigError(f"bad options for reward {base_name!r}: {e}") from None
+    if shaped:
+        from rewards.shaping import ToolUseShaping
+
+        try:
+            reward = ToolUseShaping(reward, **(tool_shaping or {}))
+        except TypeError as e:
+            raise ConfigError(f"bad tool_shaping options: {e}") from None
+    return reward
+
+
+# -- built-in rewards (model-backed ones import lazily and load on first use) ---------------------
+@register_reward("default")
+def _default(**armed_options: Any) -> RewardFunction:
+    from rewards.armed import ARMedReward
+    from rewards.rule import RuleReward
+
+    rule = RuleReward()
+    return ByAnswerType(closed=rule, mcq=rule, open=ARMedReward(**armed_options))
+
+
+@register_reward("rule")
+def _rule(correct: float = 1.0, incorrect: float = -1.0) -> RewardFunction:
+    from rewards.rule import RuleReward
+
+    return RuleReward(correct, incorrect)
+
+
+@register_reward("exact_match")
+def _exact(**options: Any) -> RewardFunction:
+    from rewards.rule import ExactMatchReward
+
+    return ExactMatchReward(**options)
+
+
+@register_reward("armed")
+def _armed(**options: Any) -> RewardFunction:
+    from rewards.armed import ARMedReward
+
+    return ARMedReward(**options)
+
+
+@register_reward("medix")
+def _medix(**options: Any) -> RewardFunction:
+    from rewards.medix import MediXReward
+
+    return MediXReward(**options)
+
+
+@register_reward("grasp")
+def _grasp(**options: Any) -> RewardFunction:
+    from rewards.grasp import GRASPReward
+
+    return GRASPReward(**options)

@@ -1,0 +1,74 @@
+"""Adaptive thresholds: squashing, bounded drift toward the buffer percentile, state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rewards.adaptive import AdaptiveConfig, AdaptiveThresholds, squash
+
+
+def test_squash_hand_values():
+    assert squash(0.8, 0.6, 4.0, 2.0) == pytest.approx(0.5 + 0.5 * (1 - math.exp(-4.0 * 0.2)))
+    assert squash(0.4, 0.6, 4.0, 2.0) == pytest.approx(0.5 * math.exp(2.0 * -0.2))
+    assert squash(0.6, 0.6, 4.0, 2.0) == 0.5
+    assert 0.0 < squash(-1.0, 0.95, 5, 5) < squash(0.0, 0.95, 5, 5) < 0.5 < squash(1.0, 0.0, 5, 5) < 1.0
+
+
+def test_threshold_moves_at_most_delta_toward_percentile():
+    t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.02, percentile=50, init={"bertscore": 0.3, "cosine": 0.9}))
+    used = t.step({"bertscore": [0.8] * 10, "cosine": [0.1] * 10})
+    assert used == {"bertscore": 0.3, "cosine": 0.9}               # the batch saw the old thresholds
+    assert t.thresholds == pytest.approx({"bertscore": 0.32, "cosine": 0.88})
+    for _ in range(100):
+        t.step({"bertscore": [0.8], "cosine": [0.1]})
+    assert t.thresholds["bertscore"] == pytest.approx(0.8)         # converges, never overshoots
+    assert t.thresholds["cosine"] == pytest.approx(0.1)
+
+
+def test_small_move_lands_exactly_on_target():
+    t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.5, init={"cosine": 0.5}), metrics=["cosine"])
+    t.step({"cosine": [0.1, 0.2, 0.9]})
+    assert t.thresholds["cosine"] == pytest.approx(0.2)            # the median
+
+
+def test_clip_to_t_min_t_max():
+    t = AdaptiveThresholds(AdaptiveConfig(delta_max=1.0, t_max=0.95), metrics=["cosine"])
+    t.step({"cosine": [1.0, 1.0]})
+    assert t.thresholds["cosine"] == 0.95
+    t.step({"cosine": [-1.0] * 5})
+    assert t.thresholds["cosine"] == 0.0
+
+
+def test_buffer_is_bounded_and_percentile_configurable():
+    t = AdaptiveThresholds(AdaptiveConfig(buffer_size=4, delta_max=1.0, percentile=100), metrics=["cosine"])
+    t.step({"cosine": [0.9, 0.1, 0.1, 0.1, 0.2]})
+    assert list(t.buffers["cosine"]) == [0.1, 0.1, 0.1, 0.2]       # 0.9 fell out
+    assert t.thresholds["cosine"] == pytest.approx(0.2)
+
+
+def test_empty_and_nonfinite_values_do_not_move():
+    t = AdaptiveThresholds()
+    before = t.peek()
+    t.step({"cosine": [], "bertscore": [float("nan")]})
+    assert t.peek() == before and t.updates == 0
+
+
+def test_state_dict_round_trip_and_unknown_metric():
+    t = AdaptiveThresholds()
+    t.step({"cosine": [0.7, 0.8], "bertscore": [0.2]})
+    u = AdaptiveThresholds()
+    u.load_state_dict(t.state_dict())
+    assert u.state_dict() == t.state_dict()
+    with pytest.raises(ValueError, match="expected metrics among"):
+        t.step({"bleu": [0.1]})
+    with pytest.raises(ValueError, match="expected a state"):
+        u.load_state_dict({"nope": 1})
+
+
+@pytest.mark.parametrize("kwargs", [{"buffer_size": 0}, {"percentile": 101}, {"delta_max": -0.1},
+                                    {"t_min": 0.9, "t_max": 0.1}, {"alpha_pos": 0}])
+def test_bad_config(kwargs):
+    with pytest.raises(ValueError, match="expected"):
+        AdaptiveConfig(**kwargs)

@@ -1,0 +1,39 @@
+"""BLEU-1 and ROUGE-1 against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rewards.text_metrics import bleu1, lexical_scores, rouge1, tokenize
+
+
+def test_tokenisation_is_lowercase_alphanumeric():
+    assert tokenize("The Left-lower lobe, 3cm!") == ("the", "left", "lower", "lobe", "3cm")
+
+
+def test_bleu1_hand_values():
+    # candidate "mass in liver" vs reference "a mass in the liver": 3/3 unigrams match,
+    # brevity penalty exp(1 - 5/3)
+    assert bleu1("mass in liver", "a mass in the liver") == pytest.approx(math.exp(1 - 5 / 3))
+    # longer candidate: no brevity penalty; clipped precision 2/4 ("liver" counted once)
+    assert bleu1("liver liver left lobe", "left liver") == pytest.approx(2 / 4)
+    assert bleu1("kidney", "liver") == 0.0
+    assert bleu1("", "liver") == 0.0 and bleu1("liver", "") == 0.0
+
+
+def test_rouge1_hand_values():
+    # P = 2/3, R = 2/2 -> F = 0.8
+    assert rouge1("left lung base", "left lung") == pytest.approx(0.8)
+    assert rouge1("Left, LUNG", "left lung") == pytest.approx(1.0)
+    assert rouge1("", "liver") == 0.0
+
+
+def test_batch_matches_single_calls():
+    cands, refs = ["a b", "left lung", "a b"], ["a b c", "lung", "a b c"]
+    b, r = lexical_scores(cands, refs)
+    assert b == [bleu1(c, x) for c, x in zip(cands, refs)]
+    assert r == [rouge1(c, x) for c, x in zip(cands, refs)]
+    with pytest.raises(ValueError, match="as many candidates"):
+        lexical_scores(["a"], [])

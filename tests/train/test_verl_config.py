@@ -116,13 +116,27 @@ def test_bad_override_exits_2(capsys):
 
 def test_launch_without_gpu_prepares_then_fails_clearly(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path / "cache"))
-    rc = launch.run(["--output-dir", str(tmp_path), "--prepare-data", "--limit", "4", "--val-split", "val",
-                     "medvqa.env.dataset=embedded"])
+    rc = launch.run(["--output-dir", str(tmp_path), "--prepare-data", "--limit", "3", "--val-split", "val",
+                     "medvqa.env.dataset=embedded", "medvqa.env.dataset_options.n=4"])
     captured = capsys.readouterr()
-    assert (tmp_path / "data" / "train.parquet").is_file() and (tmp_path / "data" / "val.parquet").is_file()
+    import pyarrow.parquet as pq
+
+    for split in ("train", "val"):
+        rows = pq.read_table(tmp_path / "data" / f"{split}.parquet").to_pylist()
+        assert len(rows) == 3 and rows[0]["extra_info"]["split"] == split
     assert (tmp_path / "agent_loops.yaml").read_text().startswith(f"- name: {AGENT_NAME}")
     if launch.preflight():  # this machine: no GPU, no vLLM
         assert rc == launch.EXIT_NO_GPU
         assert "cannot launch verl here" in captured.err and "GPU" in captured.err
     else:  # pragma: no cover - a GPU node would get past the preflight
         assert rc == launch.EXIT_OK
+
+
+def test_docs_table_lists_every_seed_setting():
+    from train.verl_integration.config import REPO_ROOT
+
+    doc = (REPO_ROOT / "docs" / "verl.md").read_text()
+    for s in SEED_SETTINGS:
+        assert f"| `{s.key}` | `{s.value}` |" in doc, s.key
+    for preset in ALGORITHMS:
+        assert f"`{preset}`" in doc

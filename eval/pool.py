@@ -205,6 +205,7 @@ class EnvPool:
         self._conns: list[Connection | None] = [None] * self.n_workers
         self._procs: list[Any] = [None] * self.n_workers
         self.busy = [False] * self.n_workers
+        self._dead: set[int] = set()
         if self.in_process:
             self._local = EnvWorker(spec, slots)
         else:
@@ -236,8 +237,11 @@ class EnvPool:
         self.busy[worker] = True
         if self.in_process:
             self._local_results[worker] = self._local.run(commands)
-        else:
+            return
+        try:
             self._conns[worker].send(commands)
+        except (OSError, ValueError):  # the worker is gone: poll() reports it and restarts it
+            self._dead.add(worker)
 
     def poll(self) -> list[tuple[int, list[dict[str, Any]] | None]]:
         if self.in_process:
@@ -246,10 +250,18 @@ class EnvPool:
             for w, _ in out:
                 self.busy[w] = False
             return out
+        out: list[tuple[int, list[dict[str, Any]] | None]] = []
+        for w in sorted(self._dead):
+            log.error("env worker %d died; restarting it", w)
+            out.append((w, None))
+            self.busy[w] = False
+            self._restart(w)
+        self._dead.clear()
+        if out:
+            return out
         pending = {self._conns[w]: w for w in range(self.n_workers) if self.busy[w]}
         if not pending:
             return []
-        out = []
         for conn in wait(list(pending)):
             w = pending[conn]
             try:

@@ -107,7 +107,9 @@ def to_markdown(summary: EvalSummary, title: str | None = None) -> str:
 def _bar(ax, labels: Sequence[str], values: Sequence[MetricValue], title: str) -> None:
     import numpy as np
 
-    ys = [v.value if v.value is not None else 0.0 for v in values]
+    kept = [(label, v) for label, v in zip(labels, values) if v.value is not None]  # n/a: no bar
+    labels, values = [label for label, _ in kept], [v for _, v in kept]
+    ys = [v.value for v in values]
     lo = [max(0.0, y - v.ci_low) if v.ci_low is not None else 0.0 for y, v in zip(ys, values)]
     hi = [max(0.0, v.ci_high - y) if v.ci_high is not None else 0.0 for y, v in zip(ys, values)]
     x = np.arange(len(labels))
@@ -138,8 +140,8 @@ def plots(summary: EvalSummary) -> dict[str, bytes]:
     _bar(ax, [t for _, t, _ in HEADLINE], [getattr(g, f) for f, _, _ in HEADLINE], "Headline metrics (95% CI)")
     save(fig, "headline")
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
-    for ax, (title, groups) in zip(axes, _groups(summary)[:3]):
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.5))
+    for ax, (title, groups) in zip(axes, _groups(summary)):
         names = list(groups)
         _bar(ax, names, [groups[n].armed_score for n in names], f"ARMed score by {title.lower()}")
     save(fig, "by_slice")

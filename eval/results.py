@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 RESULTS_FILE = "episodes.jsonl"
 
@@ -75,14 +75,22 @@ class ResultsWriter:
         self._file = self.path.open("a", encoding="utf-8")
 
     def append(self, row: Mapping[str, Any]) -> None:
-        if "key" not in row:
-            raise ValueError(f"expected an episode row with a 'key', got keys {sorted(row)!r}")
-        line = json.dumps(sanitize(row), ensure_ascii=False, default=_json_default, allow_nan=False)
-        self._file.write(line + "\n")
+        self.append_many([row])
+
+    def append_many(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``rows`` and make them durable with one flush + fsync (a group commit)."""
+        lines = []
+        for row in rows:
+            if "key" not in row:
+                raise ValueError(f"expected an episode row with a 'key', got keys {sorted(row)!r}")
+            lines.append(json.dumps(sanitize(row), ensure_ascii=False, default=_json_default, allow_nan=False) + "\n")
+        if not lines:
+            return
+        self._file.write("".join(lines))
         self._file.flush()
         if self.fsync:
             os.fsync(self._file.fileno())
-        self.done.add(row["key"])
+        self.done.update(row["key"] for row in rows)
 
     def close(self) -> None:
         if not self._file.closed:

@@ -249,11 +249,19 @@ class Runner:
             else:
                 emit(row)
 
+        unwritten: list[dict[str, Any]] = []
+
         def emit(row: dict[str, Any]) -> None:
+            unwritten.append(row)
+
+        def commit() -> None:
+            """Make the rows finished so far durable (one fsync for all) before more work starts."""
             if writer:
-                writer.append(row)
-            self.rows.append(row)
-            progress.update(row)
+                writer.append_many(unwritten)
+            for row in unwritten:
+                self.rows.append(row)
+                progress.update(row)
+            unwritten.clear()
 
         try:
             while todo or any(inflight) or any(queued_eps):
@@ -275,8 +283,7 @@ class Runner:
                 ready: list[_Episode] = []
                 for w, results in pool.poll():
                     eps, inflight[w] = inflight[w], []
-                    if results is None:  # the worker died: its live episodes are lost
-                        free[w] = list(range(slots))
+                    if results is None:  # the worker died (and was restarted): its live episodes are lost
                         for ep in eps:
                             self._finish_crashed(ep, finish)
                         continue
@@ -295,6 +302,7 @@ class Runner:
                             else:
                                 ep.conversation.add_turn(ep.pending_action or "", res["obs"])
                                 ready.append(ep)
+                commit()
                 # 4. the agent acts on every waiting conversation at once
                 if ready:
                     t0 = time.perf_counter()
@@ -317,8 +325,10 @@ class Runner:
                         else:
                             still.append((row, fut))
                     judging[:] = still
+                commit()
             for row, fut in judging:
                 emit(self._judged(row, fut))
+            commit()
         finally:
             progress.close()
             pool.close()

@@ -1,0 +1,87 @@
+"""Evaluation harness throughput: episodes/s with a zero-cost scripted agent, serial vs parallel.
+
+The agent (``eval.scripted.ScriptedAgent``) zooms once and answers, costing nothing, so the figures
+are the harness's own: image loading, the env, the zoom tool, the rule reward, scoring, JSONL
+appends with fsync. Baseline: every env in the main process (``--workers 0``); then 1 and 2 env
+worker processes. "CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds.
+Open-answer metrics are off (their encoder cost is measured in ``bench_rewards.py``).
+
+    python benchmarks/bench_eval.py [--quick] [--vqa-rad ../shared/data/vqa_rad]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eval.runner import EvalConfig, Runner  # noqa: E402
+from eval.scripted import ScriptedAgent  # noqa: E402
+from medvqa_env.datasets import load_dataset  # noqa: E402
+
+
+def _dataset(vqa_rad: str | None, limit: int):
+    if vqa_rad and (Path(vqa_rad) / "source" / "testset.json").is_file():
+        return load_dataset("vqa_rad", split="test", root=vqa_rad)[:limit]
+    return load_dataset("embedded", split="test")[:limit]
+
+
+def measure(dataset, workers: int, k: int, batch_size: int) -> dict[str, float]:
+    """One full run into a fresh folder; wall time includes starting the workers."""
+    before = os.times()
+    with tempfile.TemporaryDirectory() as out:
+        cfg = EvalConfig(k=k, workers=workers, batch_size=batch_size, progress=False, open_metrics=False)
+        agent = ScriptedAgent()
+        t0 = time.perf_counter()
+        rows = Runner(agent, dataset, cfg, out).run()
+        wall = time.perf_counter() - t0
+    after = os.times()
+    cpu = (after.user - before.user) + (after.system - before.system) + \
+          (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    batches = agent.batch_sizes
+    return {"episodes": len(rows), "wall_s": wall, "eps": len(rows) / wall, "cores": cpu / wall,
+            "mean_batch": sum(batches) / len(batches), "errors": sum(1 for r in rows if r["error"])}
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
+    ap.add_argument("--k", type=int, default=None)
+    args = ap.parse_args(argv)
+    limit, k = (60, 2) if args.quick else (451, 4)
+    k = args.k or k
+    dataset = _dataset(args.vqa_rad, limit)
+    batch = 32
+    runs = [("serial: envs in the main process (baseline)", 0), ("1 env worker process", 1),
+            ("2 env worker processes", 2)]
+    results = [(name, measure(dataset, w, k, batch)) for name, w in runs]
+    base = results[0][1]["eps"]
+    load = os.getloadavg()[0]
+    lines = [
+        "## Evaluation harness throughput (zero-cost scripted agent)",
+        "",
+        f"`python benchmarks/bench_eval.py{' --quick' if args.quick else ''}` — {len(dataset)} {dataset.name} "
+        f"questions × K={k} = {len(dataset) * k} episodes per row, batch of {batch} live episodes, zoom then "
+        f"answer, rule reward, fsync per row, open metrics off; wall time includes worker start-up. "
+        f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end (the machine is shared).",
+        "",
+        "| setup | episodes/s | ratio to serial | CPU cores busy | mean act_batch size | errors |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in results:
+        lines.append(f"| {name} | {r['eps']:.1f} | {r['eps'] / base:.2f} | {r['cores']:.2f} | "
+                     f"{r['mean_batch']:.1f} | {r['errors']} |")
+    lines.append("")
+    section = "\n".join(lines)
+    print(section)
+    return section
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,8 @@
 
 Every copy of an :class:`rewards.armed.ARMedReward` built with ``threshold_store="ray"`` (the
 driver's, and the pickled copies inside env workers) talks to the same actor, found by name with
-``get_if_exists=True``. The actor runs ``step`` calls one at a time, so the buffers see each batch
+``get_if_exists=True``. The actor is *detached* (whoever creates it first, its state must outlive
+that caller's task) in the job's namespace; :meth:`RayThresholds.close` kills it. The actor runs ``step`` calls one at a time, so the buffers see each batch
 exactly once and each batch is scored against the thresholds current when it arrived -- the same
 semantics as the in-process :class:`rewards.adaptive.AdaptiveThresholds`, with arrival order as
 the (only) order. ``state_dict`` reads the actor's state, so a checkpoint taken on the driver holds
@@ -62,8 +63,10 @@ class RayThresholds:
             if not ray.is_initialized():
                 raise RuntimeError("threshold_store='ray' needs ray.init(...) before the first reward call")
             actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(_ThresholdOwner)
-            self._actor = actor_cls.options(name=self.name, namespace=self.namespace,
-                                            get_if_exists=True).remote(self.config, self.metrics)
+            # detached: a non-detached actor created inside a task dies with the task's last
+            # handle, and the next caller would silently get a fresh, empty owner
+            self._actor = actor_cls.options(name=self.name, namespace=self.namespace, get_if_exists=True,
+                                            lifetime="detached").remote(self.config, self.metrics)
         return self._actor
 
     def _call(self, method: str, *args: Any) -> Any:
@@ -86,3 +89,14 @@ class RayThresholds:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._call("load_state_dict", dict(state))
+
+    def close(self) -> None:
+        """Kill the owner actor (it is detached, so it otherwise lives until the cluster stops)."""
+        import ray
+
+        if ray.is_initialized():
+            try:
+                ray.kill(ray.get_actor(self.name, namespace=self.namespace))
+            except ValueError:  # already gone
+                pass
+        self._actor = None

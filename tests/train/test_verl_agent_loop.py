@@ -180,32 +180,52 @@ def test_concurrent_episodes_and_overlong_penalty(stack):
     assert isinstance(make_loop(stack, cfg, server), MedVQAAgentLoop)
 
 
-def test_output_goes_through_verl_batch_assembly(stack):
-    """verl's own AgentLoopWorker post-processing pads the output into a DataProto with rm_scores.
+def test_verl_worker_rolls_out_parquet_rows(stack, tmp_path):
+    """verl's ``AgentLoopWorker.generate_sequences`` on a batch of our parquet rows (read by verl's
+    RLHFDataset, collated by verl): dispatch by ``agent_name``, our loop, verl's padding into a
+    ``DataProto`` with ``rm_scores`` and ``multi_modal_inputs``.
 
-    ``AgentLoopWorker.__init__`` loads the model config from a checkpoint path, so the worker is
-    built without it and given the attributes its post-processing reads; the methods run as is.
+    ``AgentLoopWorker.__init__`` loads tokenizer/processor from a checkpoint path (our tiny
+    processor is built in code), so the worker gets the attributes ``__init__`` would set; every
+    method that runs is verl's.
     """
+    from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
     from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from train.verl_integration.data import convert
+
+    path = convert({"dataset": "embedded", "split": "train", "dataset_options": {"n": N_RECORDS}},
+                   tmp_path / "train.parquet")
+    data_cfg = OmegaConf.create({"prompt_key": "prompt", "image_key": "images", "max_prompt_length": 100000,
+                                 "filter_overlong_prompts": False, "cache_dir": str(tmp_path / "cache")})
+    rows = RLHFDataset(data_files=[str(path)], tokenizer=stack["tok"], config=data_cfg, processor=stack["proc"])
+    batch = DataProto.from_single_dict(collate_fn([rows[1], rows[1], rows[3]]))  # n=2 for row 1
 
     cfg = make_config(response_length=512)
-    out, _, _ = run_episode(stack, cfg, [ZOOM, r"\boxed{no}"], 1)
     worker = AgentLoopWorker.__new__(AgentLoopWorker)
     worker.config, worker.tokenizer, worker.processor = cfg, stack["tok"], stack["proc"]
     worker.rollout_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    worker.llm_client = CPUStandInServerManager(stack["model"], stack["tok"], stack["proc"],
+                                                responses=[ZOOM, r"\boxed{no}"])
+    worker.dataset_cls, worker.hf_model_type, worker.tools = RLHFDataset, "qwen2_vl", []
     worker.reward_loop_worker_handles, worker.distillation_enabled, worker.mm_processor_kwargs = None, False, {}
-    internal = asyncio.run(worker._agent_loop_postprocess(out, validate=False, raw_prompt=[]))
-    batch = worker._postprocess([internal, internal])
+    out = asyncio.run(worker.generate_sequences(batch))
 
-    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
-    assert prompts.shape == (2, 4096) and responses.shape == (2, 512)
-    n = len(out.response_ids)
-    assert batch.batch["response_mask"][0, :n].tolist() == out.response_mask
-    assert batch.batch["response_mask"][0, n:].sum() == 0
-    rm = batch.batch["rm_scores"][0]
-    assert rm[n - 1] == 1.0 and rm.sum() == 1.0  # the reward sits on the last response token
-    assert batch.meta_info["reward_extra_keys"] == list(out.extra_fields["reward_extra_info"])
-    assert batch.non_tensor_batch["acc"].tolist() == [1.0, 1.0]
-    mm = batch.non_tensor_batch["multi_modal_inputs"][0]
-    assert mm["image_grid_thw"].shape[0] == 2  # question image + zoomed crop
+    assert out.batch["prompts"].shape == (3, 4096) and out.batch["responses"].shape == (3, 512)
+    summaries = out.non_tensor_batch["medvqa"]
+    assert [m["record_id"] for m in summaries] == [rows[1]["extra_info"]["record_id"]] * 2 + \
+        [rows[3]["extra_info"]["record_id"]]
+    assert [m["num_tool_calls"] for m in summaries] == [1, 1, 1]
+    n = int(out.batch["attention_mask"][0, 4096:].sum())
+    rm = out.batch["rm_scores"]
+    assert rm[0, n - 1] == 1.0 and rm.sum() == 3.0  # each reward sits on its last response token
+    mask = out.batch["response_mask"][0]
+    assert 0 < int(mask.sum()) < n and mask[n:].sum() == 0  # observation tokens and padding masked
+    assert out.meta_info["reward_extra_keys"] == list(out.non_tensor_batch["reward_extra_info"][0])
+    assert out.non_tensor_batch["acc"].tolist() == [1.0, 1.0, 1.0]
+    assert out.batch["position_ids"].shape == (3, 4096 + 512)
+    for mm in out.non_tensor_batch["multi_modal_inputs"]:
+        assert mm["image_grid_thw"].shape[0] == 2  # question image + zoomed crop

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from medvqa_env.errors import ConfigError, ToolError, unknown_name_message
+from medvqa_env.images import DEFAULT_MAX_PIXELS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
@@ -55,10 +56,15 @@ class ServerSettings:
     cache_size: int = 1024
     """Results cached by (tool, arguments, image, record) so a GRPO group pays once; 0 disables."""
     max_images: int = 64
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    """Largest decoded image (width x height) a request may carry; bigger ones (and decompression
+    bombs) get 400 before their pixels are allocated."""
 
 
 def is_loopback(host: str) -> bool:
-    """>>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
+    """Whether ``host`` names this machine only.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0")
     (True, True, False)
     """
     if host == "localhost":
@@ -138,7 +144,7 @@ class ToolService:
             raise WireError(f"expected 'context' to be an object, got {type(raw).__name__}")
         try:
             ctx = ToolContext.from_dict(raw)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise WireError(f"malformed 'context': {e}") from None
         ann = ctx.annotations
         masks = tuple(m for m in ann.masks if self.settings.image_roots and is_under(m.path, self.settings.image_roots))
@@ -158,7 +164,7 @@ class ToolService:
         raw_images = call.get("images") or []
         if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
             raise WireError(f"expected 'images' to be a list of at most {self.settings.max_images} entries")
-        images = [None if e is None else decode_image_entry(e, self.settings.image_roots) for e in raw_images]
+        images = [None if e is None else decode_image_entry(e, self.settings.image_roots, self.settings.max_pixels) for e in raw_images]
         return name, arguments, images, self.context(call.get("context"))
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
@@ -202,7 +208,7 @@ class ToolService:
         raw_images = extra.get("images") or []
         if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
             raise WireError(f"expected extra_fields 'images' to be a list of at most {self.settings.max_images}")
-        images = [decode_image_entry(e, self.settings.image_roots) for e in raw_images]
+        images = [decode_image_entry(e, self.settings.image_roots, self.settings.max_pixels) for e in raw_images]
         context = self.context(extra.get("context"))
         parts, new_images, valid = [], [], True
         for call in parsed.tool_calls:
@@ -275,8 +281,9 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     @app.get("/health")
     async def health():
+        cache = service.cache
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
-                "uptime_s": round(time.time() - service.started, 1)}
+                "cache_hits": cache.hits if cache else 0, "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
     async def tools(request: Request):
@@ -355,7 +362,9 @@ def serve(app, host: str = "127.0.0.1", port: int = 7660, log_level: str = "warn
 
 
 def data_url_to_bytes(url: str) -> bytes:
-    """>>> data_url_to_bytes("data:image/png;base64,aGk=")
+    """The bytes inside a ``data:...;base64,`` URL.
+
+    >>> data_url_to_bytes("data:image/png;base64,aGk=")
     b'hi'
     """
     return base64.b64decode(url.split(",", 1)[1])

@@ -163,3 +163,15 @@ def test_settings_refuse_an_open_bind_without_a_token(monkeypatch, capsys):
     monkeypatch.delenv("EMPTY_TOKEN_VAR", raising=False)
     with pytest.raises(ConfigError, match="EMPTY_TOKEN_VAR"):
         HTTPToolBackend(["segment"], url="http://127.0.0.1:1", token_env="EMPTY_TOKEN_VAR")
+
+
+def test_the_server_cache_serves_a_group_across_clients(server, token_env, scene):
+    before = httpx.get(server.url + "/health").json()["cache_hits"]
+    clients = [HTTPToolBackend(["image_zoom_in"], url=server.url, token_env=token_env) for _ in range(8)]
+    results = [c.call("image_zoom_in", [scene.image], {"bbox": [5, 5, 60, 61]}, ToolContext(record_id="g"))
+               for c in clients]
+    assert httpx.get(server.url + "/health").json()["cache_hits"] - before == 7
+    assert len({r.text for r in results}) == 1 and all(r.images[0].tobytes() == results[0].images[0].tobytes()
+                                                       for r in results)
+    for c in clients:
+        c.close()

@@ -140,3 +140,13 @@ def test_docs_table_lists_every_seed_setting():
         assert f"| `{s.key}` | `{s.value}` |" in doc, s.key
     for preset in ALGORITHMS:
         assert f"`{preset}`" in doc
+
+
+def test_module_doctests():
+    import doctest
+
+    from train.verl_integration import config, data, reward
+
+    for module in (config, data, reward):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

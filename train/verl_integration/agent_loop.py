@@ -174,8 +174,8 @@ class MedVQAAgentLoop(AgentLoopBase):
                 runtime_ids, out.token_ids, mask, logprobs if want_lp else None,
                 assistant_logprobs=list(out.log_probs) if out.log_probs else None)
             runtime_ids, logprobs = merged.token_ids, (lp or [])
-            if out.token_ids and out.token_ids[-1] != self.eos_id and self.eos_id is not None:
-                # stopped by length or a stop string: close the turn as the chat template would
+            if self.eos_id is not None and (not out.token_ids or out.token_ids[-1] != self.eos_id):
+                # stopped by length, a stop string or at once: close the turn as the chat template would
                 runtime_ids = runtime_ids + [self.eos_id]
                 mask = mask + [0]
                 logprobs = logprobs + [0.0] if logprobs else logprobs

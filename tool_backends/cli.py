@@ -71,18 +71,22 @@ def _settings(args) -> "Any":
             raise ConfigError(f"--token-env {args.token_env!r}: that environment variable is empty")
     return ServerSettings(host=args.host, token=token, max_concurrency=args.max_concurrency,
                           max_body_bytes=args.max_body_mb * 1024 * 1024, image_roots=tuple(args.image_root),
-                          cache_size=args.cache_size)
+                          cache_size=args.cache_size, max_pixels=args.max_pixels,
+                          max_queue=args.max_queue)
 
 
 def _common(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --token-env)")
     p.add_argument("--port", type=int, default=port)
     p.add_argument("--token-env", default=None, help="environment variable holding the bearer token")
-    p.add_argument("--max-concurrency", type=int, default=4)
+    p.add_argument("--max-concurrency", type=int, default=4, help="tool runs at once")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a run slot; more get 503")
     p.add_argument("--max-body-mb", type=int, default=64)
     p.add_argument("--image-root", action="append", default=[],
                    help="directory the server may read client-named files from (repeatable)")
     p.add_argument("--cache-size", type=int, default=1024)
+    p.add_argument("--max-pixels", type=int, default=64_000_000,
+                   help="largest image (width x height) a request may carry; bigger ones get 400")
     p.add_argument("--log-level", default="warning")
 
 

@@ -256,6 +256,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     async def body(request: Request) -> Any:
         try:
             return await request.json()
+        except _TooLarge:  # a streamed body over the limit: BodyLimit answers 413
+            raise
         except Exception:
             raise HTTPException(400, "expected a JSON body") from None
 
@@ -304,7 +306,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
                 name = json.loads(raw).get("tool")
             except Exception:
                 raise HTTPException(400, "expected a JSON body") from None
-            if name in proxy:
+            if isinstance(name, str) and name in proxy:
                 status, content = await run_in_threadpool(proxy[name].forward, "/call", raw)
                 return Response(content=content, status_code=status, media_type="application/json")
         payload = await body(request)

@@ -72,7 +72,7 @@ def is_under(path: str | os.PathLike, roots: Sequence[str | os.PathLike]) -> boo
     """Whether ``path`` resolves (symlinks followed) to somewhere inside one of ``roots``."""
     try:
         real = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # ValueError: an embedded NUL byte
         return False
     for root in roots:
         r = Path(root).resolve()
@@ -91,7 +91,7 @@ def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_
         if "raw" in entry:
             size = entry.get("size")
             if (not isinstance(size, (list, tuple)) or len(size) != 2
-                    or not all(isinstance(v, int) and v > 0 for v in size)):
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
                 raise WireError(f"expected 'size': [w, h] with a raw image, got {size!r}")
             w, h = size
             if w * h > max_pixels:
@@ -104,8 +104,13 @@ def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_
             path = entry["path"]
             if not isinstance(path, str) or not roots or not is_under(path, roots):
                 raise PermissionError(f"image path {path!r} is not under this server's image roots")
-            with open(path, "rb") as f:
-                return decode_image(f.read(), "image", max_pixels)
+            if not os.path.isfile(path):  # a folder, FIFO or device under a root: never open it
+                raise WireError(f"image path {path!r} is not a regular file")
+            try:
+                with open(path, "rb") as f:
+                    return decode_image(f.read(), "image", max_pixels)
+            except OSError as e:
+                raise WireError(f"cannot read image path {path!r}: {e.strerror or e}") from None
     except DatasetError as e:
         raise WireError(str(e)) from None
     raise WireError(f"expected an image entry with 'png', 'raw' or 'path', got keys {sorted(entry)}")

@@ -87,6 +87,29 @@ def test_registered_with_verl():
     assert _agent_loop_registry[AGENT_NAME]["_target_"] == "train.verl_integration.agent_loop.MedVQAAgentLoop"
 
 
+def test_launcher_registry_file_loads_like_verl_workers(stack, tmp_path, monkeypatch):
+    """``AgentLoopWorker.__init__`` reads ``agent.agent_loop_config_path`` into the registry and
+    ``_run_agent_loop`` instantiates the entry (its ``name`` key included) with hydra."""
+    from omegaconf import OmegaConf
+
+    from train.verl_integration.launch import prepare_run
+
+    cfg = prepare_run(compose_config(), tmp_path, None, None)
+    monkeypatch.setattr("verl.experimental.agent_loop.agent_loop._agent_loop_registry",
+                        dict(_agent_loop_registry))
+    from verl.experimental.agent_loop import agent_loop as verl_agent_loop
+
+    for entry in OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path):
+        verl_agent_loop._agent_loop_registry[entry.name] = entry
+    entry = verl_agent_loop._agent_loop_registry[cfg.actor_rollout_ref.rollout.agent.default_agent_loop]
+    loop = hydra.utils.instantiate(
+        config=entry, trainer_config=DictConfigWrap(config=cfg), server_manager=None, tokenizer=stack["tok"],
+        processor=stack["proc"], hf_model_type="qwen2_vl", dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+    assert isinstance(loop, MedVQAAgentLoop)
+    assert loop.max_action_length == 4096 and loop.env_kwargs["max_turns"] == 3
+
+
 def test_tool_call_then_answer(stack):
     """Turn 1 zooms, turn 2 answers correctly: masks, images, reward, extra fields."""
     record_index = 1  # CLOSED, ground truth "no"

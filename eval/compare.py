@@ -52,6 +52,22 @@ def comparison_table(runs: Sequence[tuple[str, EvalSummary]], select: str = "clo
     return "\n".join(lines)
 
 
+OPEN_DETAIL = (("bleu1", "BLEU-1"), ("rouge1", "ROUGE-1"), ("bertscore", "BERTScore"), ("cossim", "CosSim"),
+               ("armed_open_avg", "ARMed Avg"), ("invalid_call_rate", "invalid calls"),
+               ("tool_error_rate", "tool errors"), ("format_failure_at_k", "format fail@K"),
+               ("unique_answers_at_k", "unique@K"))
+
+
+def detail_table(runs: Sequence[tuple[str, EvalSummary]], ci: bool = False) -> str:
+    """The four ARMed metrics of OPEN answers, tool-use rates and seed 004's sampling figures."""
+    header = ["Run", "K", *[t for _, t in OPEN_DETAIL]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for name, s in runs:
+        cells = [fmt(getattr(s.overall, f), ci=ci) for f, _ in OPEN_DETAIL]
+        lines.append("| " + " | ".join([name, str(s.k), *cells]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from eval.report import load_summary
 
@@ -60,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--select", default="closed+open", choices=sorted(SELECT))
     p.add_argument("--ci", action="store_true", help="show 95%% bootstrap intervals")
     p.add_argument("--names", default=None, help="comma-separated display names (default: folder names)")
+    p.add_argument("--detail", action="store_true", help="also print OPEN metrics, tool-use rates, pass@K figures")
     args = p.parse_args(argv)
     try:
         summaries = [load_summary(r) for r in args.runs]
@@ -70,7 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(names) != len(summaries):
         print(f"eval.compare: error: expected {len(summaries)} names, got {len(names)}", file=sys.stderr)
         return 2
-    print(comparison_table(list(zip(names, summaries)), args.select, args.ci))
+    runs = list(zip(names, summaries))
+    print(comparison_table(runs, args.select, args.ci))
+    if args.detail:
+        print()
+        print(detail_table(runs, args.ci))
     return 0
 
 

@@ -93,5 +93,6 @@ class LenientJudge:
 
 
 def build_judge(base_url: str, model: str = "gpt-5", timeout_s: float = 60.0,
-                api_key_env: str | None = "OPENAI_API_KEY", max_retries: int = 2) -> LenientJudge:
-    return LenientJudge(base_url, model=model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries)
+                api_key_env: str | None = "OPENAI_API_KEY", max_retries: int = 2, max_tokens: int = 200) -> LenientJudge:
+    return LenientJudge(base_url, model=model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries,
+                        max_tokens=max_tokens)

@@ -111,6 +111,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's API key")
     p.add_argument("--judge-timeout", type=float, default=60.0)
     p.add_argument("--judge-retries", type=int, default=2)
+    p.add_argument("--judge-max-tokens", type=int, default=200)
     p.add_argument("--judge-workers", type=int, default=8)
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for CIs (0 = none)")
     p.add_argument("--retry-errors", action="store_true", help="rerun episodes that recorded an error")
@@ -137,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from eval.judge import build_judge
 
             judge = build_judge(args.judge_url, model=args.judge_model, timeout_s=args.judge_timeout,
-                                api_key_env=args.judge_api_key_env or None, max_retries=args.judge_retries)
+                                api_key_env=args.judge_api_key_env or None, max_retries=args.judge_retries,
+                                max_tokens=args.judge_max_tokens)
         config = EvalConfig(
             k=args.k, seed=args.seed, limit=args.limit, workers=args.workers, batch_size=args.batch_size,
             tools=parse_tools(args.tools), max_turns=args.max_turns, answer_protocol=args.answer_protocol,

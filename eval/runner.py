@@ -172,7 +172,7 @@ class Runner:
         self.agent, self.config, self.judge = agent, config, judge
         self.dataset = dataset if config.limit is None else dataset[: config.limit]
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.rows: list[dict[str, Any]] = []  # rows finished in this call
+        self.rows: dict[str, dict[str, Any]] = {}  # rows written in this call, by key (latest)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def _todo(self, done: set[str]) -> deque[_Episode]:
@@ -222,7 +222,11 @@ class Runner:
             done -= {row["key"] for row in load_results(writer.path) if row.get("error")}
         todo = self._todo(done)
         total = len(todo)
-        if not total:
+        rejudge = []  # rows of an earlier, interrupted run still waiting for the judge
+        if writer and self.judge is not None:
+            wanted = {episode_key(r.id, s) for r in self.dataset for s in range(cfg.k)}
+            rejudge = [r for r in load_results(writer.path) if r.get("judge_status") == "pending" and r["key"] in wanted]
+        if not total and not rejudge:
             if writer:
                 writer.close()
             return []
@@ -232,7 +236,7 @@ class Runner:
                        "observation_style": cfg.observation_style}
         spec = EnvSpec(self.dataset, tools=cfg.tools, reward=cfg.reward, env_options=env_options,
                        open_metrics=cfg.open_metrics, metrics_options=cfg.metrics_options)
-        pool = EnvPool(spec, cfg.workers, slots)
+        pool = EnvPool(spec, cfg.workers, slots) if total else None
         free = [list(range(slots)) for _ in range(n_workers)]
         queued: list[list[tuple]] = [[] for _ in range(n_workers)]
         inflight: list[list[_Episode]] = [[] for _ in range(n_workers)]
@@ -240,18 +244,19 @@ class Runner:
         judge_pool = ThreadPoolExecutor(max(1, cfg.judge_workers)) if self.judge else None
         judging: list[tuple[dict[str, Any], Future]] = []
         progress = _Progress(total, cfg.progress, desc=getattr(self.agent, "name", "agent"))
+        unwritten: list[dict[str, Any]] = []
+
+        def to_judge(row: dict[str, Any]) -> None:
+            judging.append((row, judge_pool.submit(self._judge, row)))
 
         def finish(ep: _Episode, final=None, error=None) -> None:
+            """The episode is over: its row is written now; a judge verdict, if any, follows as
+            a second row with the same key (the last row of a key wins when loading)."""
             row = self._row(ep, final, error)
             free[ep.worker].append(ep.slot)
             if judge_pool is not None and row["error"] is None:
-                judging.append((row, judge_pool.submit(self._judge, row)))
-            else:
-                emit(row)
-
-        unwritten: list[dict[str, Any]] = []
-
-        def emit(row: dict[str, Any]) -> None:
+                row["judge_status"] = "pending"
+                to_judge(row)
             unwritten.append(row)
 
         def commit() -> None:
@@ -259,9 +264,13 @@ class Runner:
             if writer:
                 writer.append_many(unwritten)
             for row in unwritten:
-                self.rows.append(row)
-                progress.update(row)
+                if row["key"] not in self.rows:
+                    progress.update(row)
+                self.rows[row["key"]] = row
             unwritten.clear()
+
+        for row in rejudge:
+            to_judge(row)
 
         try:
             while todo or any(inflight) or any(queued_eps):
@@ -321,22 +330,23 @@ class Runner:
                     still = []
                     for row, fut in judging:
                         if fut.done():
-                            emit(self._judged(row, fut))
+                            unwritten.append(self._judged(row, fut))
                         else:
                             still.append((row, fut))
                     judging[:] = still
                 commit()
             for row, fut in judging:
-                emit(self._judged(row, fut))
+                unwritten.append(self._judged(row, fut))
             commit()
         finally:
             progress.close()
-            pool.close()
+            if pool is not None:
+                pool.close()
             if judge_pool is not None:
                 judge_pool.shutdown(wait=False, cancel_futures=True)
             if writer:
                 writer.close()
-        return self.rows
+        return list(self.rows.values())
 
     def _record_step(self, ep: _Episode, res: Mapping[str, Any]) -> None:
         info = res["info"]
@@ -361,13 +371,14 @@ class Runner:
         return {"correct": bool(verdict["correct"]), "reason": str(verdict.get("reason", ""))}
 
     @staticmethod
-    def _judged(row: dict[str, Any], fut: Future) -> dict[str, Any]:
+    def _judged(row: Mapping[str, Any], fut: Future) -> dict[str, Any]:
+        out = dict(row)
         try:
-            row["judge"] = fut.result()
+            out["judge"], out["judge_status"] = fut.result(), "done"
         except Exception as e:  # a timing-out or broken judge endpoint: keep the episode, note why
-            row["judge"] = None
-            row["judge_error"] = f"{type(e).__name__}: {e}"
-        return row
+            out["judge"], out["judge_status"] = None, "error"
+            out["judge_error"] = f"{type(e).__name__}: {e}"
+        return out
 
 
 def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = False) -> None:

@@ -119,3 +119,24 @@ def test_a_timing_out_agent_endpoint_costs_one_episode(judge_url, dataset):
         workers=0, progress=False, open_metrics=False), None).run()}
     assert rows["q01"]["error"]["kind"] == "agent_error" and "ReadTimeout" in rows["q01"]["error"]["message"]
     assert all(rows[r]["error"] is None and rows[r]["prediction"] for r in ("q00", "q02", "q03"))
+
+
+def test_rows_are_written_before_the_judge_answers_and_pending_ones_are_judged_on_resume(judge_url, dataset, tmp_path):
+    from eval.results import ResultsWriter, load_results
+    from eval.runner import evaluate
+
+    judge = LenientJudge(judge_url, model="rule-judge", api_key_env=None, timeout_s=5, max_retries=0)
+    cfg = EvalConfig(workers=0, progress=False, open_metrics=False, limit=4, bootstrap=0)
+    out = tmp_path / "run"
+    evaluate(_Answers(zoom=False), dataset, cfg, out_dir=out, judge=judge, write_report=False)
+    lines = [json.loads(l) for l in (out / "episodes.jsonl").read_text().splitlines()]
+    q00 = [l for l in lines if l["record_id"] == "q00"]
+    assert [l["judge_status"] for l in q00] == ["pending", "done"]  # written at once, verdict after
+    # an interrupted run left q03 waiting for its verdict
+    pending = dict(next(r for r in load_results(out) if r["record_id"] == "q03"), judge=None, judge_status="pending")
+    with ResultsWriter(out / "episodes.jsonl") as w:
+        w.append(pending)
+    again = evaluate(_Answers(zoom=False), dataset, cfg, out_dir=out, judge=judge, write_report=False)
+    assert again.timing["new_episodes"] == 1  # the re-judged row, no new episode
+    assert next(r for r in load_results(out) if r["record_id"] == "q03")["judge"] == {"correct": False, "reason": "rule judge"}
+    judge.close()

@@ -30,6 +30,7 @@ from train.verl_integration.agent_loop import MedVQAAgentLoop  # noqa: E402
 from train.verl_integration.config import AGENT_NAME, compose_config  # noqa: E402
 from train.verl_integration.cpu_stand_in import (  # noqa: E402
     CPUStandInServerManager,
+    bind_rope_index,
     build_processor,
     build_tiny_qwen2vl,
     build_tokenizer,
@@ -47,7 +48,9 @@ def stack():
     corpus = [env_system_prompt({}, dataset), ZOOM, "Question: Is there a lesion in the Tool turns left"]
     tok = build_tokenizer(corpus)
     proc = build_processor(tok)
-    return {"dataset": dataset, "tok": tok, "proc": proc, "model": build_tiny_qwen2vl(tok)}
+    model = build_tiny_qwen2vl(tok)
+    bind_rope_index(proc, model.config)  # as verl's hf_processor does for Qwen2-VL
+    return {"dataset": dataset, "tok": tok, "proc": proc, "model": model}
 
 
 @functools.lru_cache(maxsize=None)  # read-only for the loop; composing costs ~1 s
@@ -249,6 +252,6 @@ def test_verl_worker_rolls_out_parquet_rows(stack, tmp_path):
     assert 0 < int(mask.sum()) < n and mask[n:].sum() == 0  # observation tokens and padding masked
     assert out.meta_info["reward_extra_keys"] == list(out.non_tensor_batch["reward_extra_info"][0])
     assert out.non_tensor_batch["acc"].tolist() == [1.0, 1.0, 1.0]
-    assert out.batch["position_ids"].shape == (3, 4096 + 512)
+    assert out.batch["position_ids"].shape == (3, 4, 4096 + 512)  # text + 3-D M-RoPE positions
     for mm in out.non_tensor_batch["multi_modal_inputs"]:
         assert mm["image_grid_thw"].shape[0] == 2  # question image + zoomed crop

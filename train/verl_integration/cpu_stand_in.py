@@ -73,6 +73,19 @@ def build_processor(tokenizer, min_pixels: int = 28 * 28 * 4, max_pixels: int = 
                                      chat_template=CHAT_TEMPLATE)
 
 
+def bind_rope_index(processor, model_config) -> None:
+    """Give the processor Qwen2-VL's M-RoPE ``get_rope_index``, as verl's ``hf_processor`` does for
+    a ``Qwen2VLProcessor`` loaded from a checkpoint (verl then computes 3-D position ids)."""
+    import types
+
+    from transformers.models.qwen2_vl import Qwen2VLModel
+
+    processor.config = model_config
+    processor.get_rope_index = types.MethodType(Qwen2VLModel.get_rope_index, processor)
+    if hasattr(Qwen2VLModel, "get_vision_position_ids"):
+        processor.get_vision_position_ids = types.MethodType(Qwen2VLModel.get_vision_position_ids, processor)
+
+
 def build_tiny_qwen2vl(tokenizer, seed: int = 0):
     """A randomly initialised 2-layer Qwen2-VL (the same class that loads real checkpoints)."""
     import torch

@@ -150,3 +150,31 @@ def test_module_doctests():
     for module in (config, data, reward):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_native_trainer_args_are_translated(capsys, tmp_path):
+    """``train/grpo.py --engine verl`` hands over its Args dataclass: changed fields map, the rest
+    keep the seed's settings."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Args:  # the shape of train.grpo.Args (field names and CPU-sized defaults)
+        engine: str = "native"
+        algo: str = "grpo"
+        policy: str = "smollm2"
+        max_turns: int = 1
+        group_size: int = 4
+        lr: float = 2e-5
+        out: str = "runs/grpo"
+
+    argv = launch.argv_from_native(Args(engine="verl", algo="gspo", policy="/ckpt/sft", max_turns=2,
+                                        out=str(tmp_path)))
+    assert argv[:2] == ["--algorithm", "gspo"] and "actor_rollout_ref.model.path=/ckpt/sft" in argv
+    assert launch.run(Args(engine="verl", algo="gspo", out=str(tmp_path))) == launch.EXIT_CONFIG
+    assert "data file(s) not found" in capsys.readouterr().err  # got past composing and validating
+    cfg = compose_config([a for a in argv if "=" in a], algorithm="gspo")
+    assert cfg.medvqa.env.max_turns == 2 and cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # seed kept
+    validate(cfg)
+    assert launch.run(object()) == launch.EXIT_CONFIG
+    assert "expected a list of arguments" in capsys.readouterr().err

@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from medvqa_env.errors import ConfigError
 
@@ -107,8 +107,60 @@ def preflight() -> list[str]:
     return problems
 
 
-def run(argv: Sequence[str] | None = None) -> int:
-    """Entry point for ``train/grpo.py --engine verl``; returns the process exit code."""
+# The native trainer's Args fields that have a verl counterpart (field -> override or flag).
+NATIVE_FIELDS = {
+    "algo": "--algorithm",
+    "out": "--output-dir",
+    "policy": "actor_rollout_ref.model.path",
+    "dataset": "medvqa.env.dataset",
+    "split": "medvqa.env.split",
+    "max_turns": "medvqa.env.max_turns",
+    "group_size": "actor_rollout_ref.rollout.n",
+    "prompts_per_step": "data.train_batch_size",
+    "temperature": "actor_rollout_ref.rollout.temperature",
+    "lr": "actor_rollout_ref.actor.optim.lr",
+    "kl_coef": "actor_rollout_ref.actor.kl_loss_coef",
+    "clip_low": "actor_rollout_ref.actor.clip_ratio_low",
+    "clip_high": "actor_rollout_ref.actor.clip_ratio_high",
+    "max_new_tokens": "medvqa.max_action_length",
+    "steps": "trainer.total_training_steps",
+}
+
+
+def argv_from_native(args: Any) -> list[str]:
+    """Translate the native trainer's ``Args`` dataclass (what ``train/grpo.py`` hands over) into
+    our arguments. Only fields the user changed from their defaults are carried over, so the
+    seed's settings stay in force for the rest; fields without a verl counterpart are ignored."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(args):
+        raise ConfigError(f"expected a list of arguments or the native trainer's Args, got {type(args).__name__}")
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    argv: list[str] = []
+    for name, target in NATIVE_FIELDS.items():
+        if name not in defaults:
+            continue
+        value = getattr(args, name)
+        if value is None or value == defaults[name]:
+            continue
+        if name == "max_turns":
+            argv.append(f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={int(value) + 1}")
+            argv.append(f"actor_rollout_ref.rollout.multi_turn.max_user_turns={int(value)}")
+        argv += [target, str(value)] if target.startswith("--") else [f"{target}={value}"]
+    return argv
+
+
+def run(argv: Sequence[str] | Any | None = None) -> int:
+    """Entry point for ``train/grpo.py --engine verl``; returns the process exit code.
+
+    ``argv``: our command-line arguments (``None``: ``sys.argv[1:]``), or the native trainer's
+    ``Args`` (translated by :func:`argv_from_native`)."""
+    if argv is not None and not isinstance(argv, (list, tuple)):
+        try:
+            argv = argv_from_native(argv)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_CONFIG
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     from omegaconf import OmegaConf
 

@@ -30,6 +30,16 @@ def minilm():
     return enc
 
 
+@pytest.fixture(scope="session")
+def minilm_sentences():
+    """A loaded sentence-transformers all-MiniLM-L6-v2 :class:`SentenceEncoder`."""
+    from rewards.encoders import SentenceEncoder
+
+    enc = SentenceEncoder()
+    enc.encode(["warm up"])
+    return enc
+
+
 @pytest.fixture
 def armed(minilm):
     """A fresh ARMed reward (fresh thresholds) sharing the session's encoder."""

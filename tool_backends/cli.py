@@ -72,7 +72,8 @@ def _settings(args) -> "Any":
     return ServerSettings(host=args.host, token=token, max_concurrency=args.max_concurrency,
                           max_body_bytes=args.max_body_mb * 1024 * 1024, image_roots=tuple(args.image_root),
                           cache_size=args.cache_size, max_pixels=args.max_pixels,
-                          max_queue=args.max_queue)
+                          max_queue=args.max_queue, result_dir=args.result_dir,
+                          image_store_mb=args.image_store_mb)
 
 
 def _common(p: argparse.ArgumentParser, port: int) -> None:
@@ -85,6 +86,10 @@ def _common(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--image-root", action="append", default=[],
                    help="directory the server may read client-named files from (repeatable)")
     p.add_argument("--cache-size", type=int, default=1024)
+    p.add_argument("--image-store-mb", type=int, default=512,
+                   help="decoded images kept so clients can refer to them by digest (0 disables)")
+    p.add_argument("--result-dir", default=None,
+                   help="directory for result images sent by path to co-located clients (image_format=path)")
     p.add_argument("--max-pixels", type=int, default=64_000_000,
                    help="largest image (width x height) a request may carry; bigger ones get 400")
     p.add_argument("--log-level", default="warning")

@@ -24,7 +24,8 @@ from PIL import Image
 
 from medvqa_env.errors import ConfigError, ToolBackendError
 from tool_backends.base import ToolContext, ToolResult, ToolSpec
-from tool_backends.wire import TRANSPORTS, WireError, encode_images_for_call, result_from_wire
+from tool_backends.base import image_digest
+from tool_backends.wire import TRANSPORTS, WireError, encode_images_for_call, result_from_wire, target_index
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = (502, 503, 504)
@@ -43,7 +44,8 @@ class HTTPToolBackend:
         transport: how images travel: ``png``, ``raw`` or ``path`` (see :mod:`tool_backends.wire`).
         shared_dir: for ``path``, a directory the server can read (one of its image roots).
         pool_size: keep-alive connections kept open.
-        result_format: ``png`` or ``raw`` for the images coming back.
+        result_format: ``png``, ``raw`` or ``path`` (read from ``shared_dir``, where the server's
+            ``--result-dir`` points) for the images coming back.
     """
 
     def __init__(self, tools: Sequence[str] | None = None, url: str = "http://127.0.0.1:7660", timeout_s: float = 30.0,
@@ -56,8 +58,10 @@ class HTTPToolBackend:
             raise ConfigError(f"expected transport in {list(TRANSPORTS)}, got {transport!r}")
         if transport == "path" and not shared_dir:
             raise ConfigError("the 'path' transport needs a shared_dir the server can read")
-        if result_format not in ("png", "raw"):
-            raise ConfigError(f"expected result_format 'png' or 'raw', got {result_format!r}")
+        if result_format not in TRANSPORTS:
+            raise ConfigError(f"expected result_format in {list(TRANSPORTS)}, got {result_format!r}")
+        if result_format == "path" and not shared_dir:
+            raise ConfigError("result_format 'path' needs a shared_dir (the server's --result-dir)")
         if not timeout_s > 0 or retries < 0:
             raise ConfigError(f"expected timeout_s > 0 and retries >= 0, got {timeout_s!r}, {retries!r}")
         if token_env is not None and not os.environ.get(token_env):
@@ -76,6 +80,7 @@ class HTTPToolBackend:
         self._specs: list[ToolSpec] | None = None
         self._client: httpx.Client | None = None
         self._encoded: OrderedDict = OrderedDict()
+        self._sent: set[str] = set()  # digests this server has received from us: sent as refs
 
     # ---- plumbing -------------------------------------------------------------------------
     @property
@@ -94,6 +99,7 @@ class HTTPToolBackend:
         state = self.__dict__.copy()
         state["_client"] = None
         state["_encoded"] = OrderedDict()
+        state["_sent"] = set()
         return state
 
     def __repr__(self) -> str:
@@ -126,12 +132,14 @@ class HTTPToolBackend:
                 break
         raise ToolBackendError(f"{what} is unavailable: {problem}. Try another tool or answer without it.")
 
-    @staticmethod
-    def _detail(response: httpx.Response) -> str:
+    def _detail(self, response: httpx.Response) -> str:
+        """The server's error detail, with our token blanked out (a proxy may echo our headers)."""
         try:
-            return str(response.json().get("detail", ""))[:300]
+            text = str(response.json().get("detail", ""))
         except Exception:
-            return response.text[:300]
+            text = response.text
+        token = os.environ.get(self.token_env) if self.token_env else None
+        return (text.replace(token, "[token]") if token else text)[:300]
 
     # ---- ToolBackend ----------------------------------------------------------------------
     def specs(self) -> list[ToolSpec]:
@@ -155,39 +163,72 @@ class HTTPToolBackend:
         return list(self._specs)
 
     def _payload(self, name: str, images: Sequence[Image.Image], arguments: Mapping[str, Any],
-                 context: ToolContext) -> dict[str, Any]:
-        entries = encode_images_for_call(images, arguments, self.transport, self.shared_dir, self._encoded)
+                 context: ToolContext, refs: bool = True) -> tuple[dict[str, Any], str | None]:
+        """The request body, and the digest of the image it carries (to remember once sent)."""
+        entries = encode_images_for_call(images, arguments, self.transport, self.shared_dir, self._encoded,
+                                         self._sent if refs else None)
         while len(self._encoded) > 64:
             self._encoded.popitem(last=False)
-        return {"tool": name, "arguments": dict(arguments) if isinstance(arguments, Mapping) else arguments,
+        index = target_index(arguments, len(images))
+        digest = image_digest(images[index]) if index is not None else None
+        body = {"tool": name, "arguments": dict(arguments) if isinstance(arguments, Mapping) else arguments,
                 "images": entries, "context": context.to_dict(), "image_format": self.result_format}
+        return body, digest
+
+    def _remember(self, digests) -> None:
+        if len(self._sent) > 4096:
+            self._sent.clear()
+        self._sent.update(d for d in digests if d)
+
+    def _post(self, path: str, what: str, build) -> httpx.Response:
+        """POST ``build(refs)``; on 409 (the server lost an image we referenced) rebuild with the
+        images themselves and post once more."""
+        body, digests = build(True)
+        response = self._request("POST", path, what, content=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+        if response.status_code == 409:
+            self._sent.clear()
+            body, digests = build(False)
+            response = self._request("POST", path, what, content=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        if response.status_code == 200:
+            self._remember(digests)
+        return response
 
     def call(self, name: str, images: Sequence[Image.Image], arguments: Mapping[str, Any],
              context: ToolContext) -> ToolResult:
-        body = json.dumps(self._payload(name, images, arguments, context)).encode()
-        response = self._request("POST", "/call", f"Tool {name!r}", content=body,
-                                 headers={"content-type": "application/json"})
-        return self._parse(name, response, "result")
+        def build(refs):
+            body, digest = self._payload(name, images, arguments, context, refs)
+            return body, [digest]
+
+        return self._parse(name, self._post("/call", f"Tool {name!r}", build), "result")
 
     def call_many(self, calls: Sequence[tuple[str, Sequence[Image.Image], Mapping[str, Any], ToolContext]]) -> list[ToolResult]:
         """Several calls in one request (``/call_batch``); one result per call, in order."""
         if not calls:
             return []
-        body = json.dumps({"calls": [self._payload(*c) for c in calls]}).encode()
-        response = self._request("POST", "/call_batch", f"Batch of {len(calls)} tool calls", content=body,
-                                 headers={"content-type": "application/json"})
+
+        def build(refs):
+            parts = [self._payload(*c, refs=refs) for c in calls]
+            return {"calls": [p[0] for p in parts]}, [p[1] for p in parts]
+
+        response = self._post("/call_batch", f"Batch of {len(calls)} tool calls", build)
         if response.status_code != 200:
             raise ToolBackendError(f"Tool server refused the batch ({response.status_code}): {self._detail(response)}")
         try:
-            return [result_from_wire(r) for r in response.json()["results"]]
+            return [result_from_wire(r, self._roots) for r in response.json()["results"]]
         except (KeyError, TypeError, ValueError, WireError) as e:
             raise ToolBackendError(f"Tool server sent a malformed batch response: {e}") from None
+
+    @property
+    def _roots(self) -> tuple[str, ...]:
+        return (self.shared_dir,) if self.shared_dir else ()
 
     def _parse(self, name: str, response: httpx.Response, key: str) -> ToolResult:
         if response.status_code != 200:
             raise ToolBackendError(f"Tool {name!r} refused the call ({response.status_code}): {self._detail(response)}")
         try:
-            return result_from_wire(response.json()[key])
+            return result_from_wire(response.json()[key], self._roots)
         except (KeyError, TypeError, ValueError, WireError) as e:
             raise ToolBackendError(f"Tool {name!r} sent a malformed response: {e}") from None
 

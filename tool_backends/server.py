@@ -36,7 +36,7 @@ from medvqa_env.images import DEFAULT_MAX_PIXELS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
-from tool_backends.wire import WireError, decode_image_entry, is_under, result_to_wire
+from tool_backends.wire import ImageStore, UnknownImage, WireError, decode_image_entry, is_under, result_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ class ServerSettings:
     cache_size: int = 1024
     """Results cached by (tool, arguments, image, record) so a GRPO group pays once; 0 disables."""
     max_images: int = 64
+    image_store_mb: int = 512
+    """Recently uploaded images kept decoded, so clients can send ``{"ref": digest}`` instead."""
+    result_dir: str | None = None
+    """Where result images go for clients asking ``image_format: path`` (co-located clients)."""
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Largest decoded image (width x height) a request may carry; bigger ones (and decompression
     bombs) get 400 before their pixels are allocated."""
@@ -136,6 +140,7 @@ class ToolService:
                 if spec.name in self.backends:
                     self.specs[spec.name] = spec
         self.cache = ToolCache(settings.cache_size) if settings.cache_size > 0 else None
+        self.store = ImageStore(settings.image_store_mb * 1024 * 1024)
         self.started = time.time()
         self.calls = 0
 
@@ -164,8 +169,15 @@ class ToolService:
         raw_images = call.get("images") or []
         if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
             raise WireError(f"expected 'images' to be a list of at most {self.settings.max_images} entries")
-        images = [None if e is None else decode_image_entry(e, self.settings.image_roots, self.settings.max_pixels) for e in raw_images]
+        images = [None if e is None else self.decode(e) for e in raw_images]
         return name, arguments, images, self.context(call.get("context"))
+
+    def decode(self, entry: Any):
+        return decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
+
+    def encode(self, result: ToolResult, image_format: Any) -> dict[str, Any]:
+        fmt = image_format if isinstance(image_format, str) else "png"
+        return result_to_wire(result, fmt, self.settings.result_dir)
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
         """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`)."""
@@ -208,7 +220,7 @@ class ToolService:
         raw_images = extra.get("images") or []
         if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
             raise WireError(f"expected extra_fields 'images' to be a list of at most {self.settings.max_images}")
-        images = [decode_image_entry(e, self.settings.image_roots, self.settings.max_pixels) for e in raw_images]
+        images = [self.decode(e) for e in raw_images]
         context = self.context(extra.get("context"))
         parts, new_images, valid = [], [], True
         for call in parsed.tool_calls:
@@ -276,6 +288,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             raise HTTPException(400, str(e)) from None
         except PermissionError as e:
             raise HTTPException(403, str(e)) from None
+        except UnknownImage as e:
+            raise HTTPException(409, str(e)) from None
         except LookupError as e:
             raise HTTPException(404, str(e.args[0] if e.args else e)) from None
         finally:
@@ -294,8 +308,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     def one_call(call: Any) -> dict[str, Any]:
         name, arguments, images, context = service.decode_call(call)
-        transport = call.get("image_format", "png")
-        return result_to_wire(service.run(name, arguments, images, context), transport)
+        return service.encode(service.run(name, arguments, images, context), call.get("image_format", "png"))
 
     @app.post("/call")
     async def call(request: Request):

@@ -8,6 +8,11 @@ Images go one of three ways (the client's ``transport`` option; measured in
 * ``path`` -- ``{"path": "/shared/<digest>.bmp"}``: for a client and server on one machine; the
   client writes each distinct image once, the server reads it only from under its image roots.
 
+Every upload also carries the image's ``digest``; the server keeps recently seen images in an
+:class:`ImageStore`, and a client that has sent an image once sends only ``{"ref": digest}``
+afterwards (a multi-turn episode, a GRPO group). A server that no longer holds it answers 409 and
+the client sends the image again.
+
 >>> from PIL import Image
 >>> im = Image.new("RGB", (3, 2), (10, 20, 30))
 >>> all(decode_image_entry(encode_image(im, k)).tobytes() == im.tobytes() for k in ("png", "raw"))
@@ -21,6 +26,8 @@ import binascii
 import io
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -37,15 +44,53 @@ class WireError(ValueError):
     """A request or response part is malformed (the server answers 4xx with this message)."""
 
 
+class UnknownImage(LookupError):
+    """An ``{"ref": digest}`` names an image the server does not hold (the server answers 409)."""
+
+
+class ImageStore:
+    """A thread-safe LRU of decoded images by digest, bounded by total pixel bytes."""
+
+    def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
+        self.max_bytes = int(max_bytes)
+        self._images: OrderedDict[str, Image.Image] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, digest: str) -> Image.Image | None:
+        with self._lock:
+            image = self._images.get(digest)
+            if image is not None:
+                self._images.move_to_end(digest)
+            return image
+
+    def put(self, digest: str, image: Image.Image) -> None:
+        size = image.size[0] * image.size[1] * 3
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if digest in self._images:
+                return
+            self._images[digest] = image
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._images.popitem(last=False)
+                self._bytes -= old.size[0] * old.size[1] * 3
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+
 def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """One image as a JSON-able entry (see the module docstring)."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     if transport == "png":
         buf = io.BytesIO()
         rgb.save(buf, format="PNG", compress_level=1)
-        return {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
+        return {"png": base64.b64encode(buf.getvalue()).decode("ascii"), "digest": image_digest(rgb)}
     if transport == "raw":
-        return {"raw": base64.b64encode(rgb.tobytes()).decode("ascii"), "size": list(rgb.size)}
+        return {"raw": base64.b64encode(rgb.tobytes()).decode("ascii"), "size": list(rgb.size),
+                "digest": image_digest(rgb)}
     if transport == "path":
         if shared_dir is None:
             raise ValueError("expected a shared_dir for the 'path' transport, got None")
@@ -55,7 +100,7 @@ def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | o
             with os.fdopen(fd, "wb") as f:
                 rgb.save(f, format="BMP")
             os.replace(tmp, path)
-        return {"path": str(path)}
+        return {"path": str(path), "digest": image_digest(image)}
     raise ValueError(f"expected a transport in {list(TRANSPORTS)}, got {transport!r}")
 
 
@@ -81,10 +126,28 @@ def is_under(path: str | os.PathLike, roots: Sequence[str | os.PathLike]) -> boo
     return False
 
 
-def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Inverse of :func:`encode_image`. A ``path`` is opened only if it lies under ``roots``."""
+def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_pixels: int = DEFAULT_MAX_PIXELS,
+                       store: ImageStore | None = None) -> Image.Image:
+    """Inverse of :func:`encode_image`. A ``path`` is opened only if it lies under ``roots``;
+    a ``ref`` is looked up in ``store``; an upload is checked against its ``digest`` and stored."""
     if not isinstance(entry, Mapping):
         raise WireError(f"expected an image entry object, got {type(entry).__name__}")
+    if "ref" in entry:
+        image = store.get(str(entry["ref"])) if store is not None else None
+        if image is None:
+            raise UnknownImage(f"unknown image ref {str(entry['ref'])[:40]!r}: send the image itself")
+        return image
+    image = _decode_payload(entry, roots, max_pixels)
+    claimed = entry.get("digest")
+    if claimed is not None and store is not None:
+        actual = image_digest(image)
+        if claimed != actual:
+            raise WireError(f"image digest {str(claimed)[:40]!r} does not match its content")
+        store.put(actual, image)
+    return image
+
+
+def _decode_payload(entry: Mapping[str, Any], roots, max_pixels: int) -> Image.Image:
     try:
         if "png" in entry:
             return decode_image(_b64(entry["png"], "image 'png'"), "image", max_pixels)
@@ -113,7 +176,7 @@ def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_
                 raise WireError(f"cannot read image path {path!r}: {e.strerror or e}") from None
     except DatasetError as e:
         raise WireError(str(e)) from None
-    raise WireError(f"expected an image entry with 'png', 'raw' or 'path', got keys {sorted(entry)}")
+    raise WireError(f"expected an image entry with 'png', 'raw', 'path' or 'ref', got keys {sorted(entry)}")
 
 
 def target_index(arguments: Mapping[str, Any], n_images: int) -> int | None:
@@ -131,14 +194,20 @@ def target_index(arguments: Mapping[str, Any], n_images: int) -> int | None:
 
 
 def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str, Any], transport: str = "png",
-                           shared_dir: str | None = None, encoded_cache: dict | None = None) -> list[Any]:
+                           shared_dir: str | None = None, encoded_cache: dict | None = None,
+                           sent: set | None = None) -> list[Any]:
     """The episode's image list with only the targeted image filled in (the others ``None``):
-    every tool reads one image, and the rest can be many enlarged crops."""
+    every tool reads one image, and the rest can be many enlarged crops. An image whose digest is
+    in ``sent`` (the server has it) goes as ``{"ref": digest}``."""
     out: list[Any] = [None] * len(images)
     index = target_index(arguments, len(images))
     if index is not None:
         image = images[index]
-        key = (image_digest(image), transport)
+        digest = image_digest(image)
+        if sent is not None and digest in sent:
+            out[index] = {"ref": digest}
+            return out
+        key = (digest, transport)
         entry = encoded_cache.get(key) if encoded_cache is not None else None
         if entry is None:
             entry = encode_image(image, transport, shared_dir)
@@ -148,16 +217,30 @@ def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str
     return out
 
 
-def result_to_wire(result: ToolResult, transport: str = "png") -> dict[str, Any]:
-    return {"text": result.text, "error": result.error, "data": result.data,
-            "images": [encode_image(im, "raw" if transport == "raw" else "png") for im in result.images]}
+def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str | None = None) -> dict[str, Any]:
+    """A result as JSON; images as ``png``, ``raw``, or ``path`` (written under ``result_dir``,
+    for a co-located client; without a ``result_dir`` that falls back to ``raw``)."""
+    if transport == "path" and not result_dir:
+        transport = "raw"
+    if transport not in TRANSPORTS:
+        transport = "png"
+    images = []
+    for im in result.images:
+        entry = encode_image(im, transport, result_dir)
+        entry.pop("digest", None)
+        images.append(entry)
+    return {"text": result.text, "error": result.error, "data": result.data, "images": images}
 
 
-def result_from_wire(payload: Any) -> ToolResult:
+def result_from_wire(payload: Any, roots: Sequence[str | os.PathLike] = ()) -> ToolResult:
+    """Inverse of :func:`result_to_wire`; ``path`` images are read only from under ``roots``."""
     if not isinstance(payload, Mapping) or not isinstance(payload.get("text"), str):
         raise WireError(f"expected a result object with 'text', got {str(payload)[:80]!r}")
     data = payload.get("data") or {}
     if not isinstance(data, dict):
         raise WireError("expected result 'data' to be an object")
-    images = [decode_image_entry(e) for e in payload.get("images") or []]
+    try:
+        images = [decode_image_entry(e, roots) for e in payload.get("images") or []]
+    except PermissionError as e:
+        raise WireError(str(e)) from None
     return ToolResult(text=payload["text"], images=images, data=data, error=payload.get("error"))

@@ -75,7 +75,7 @@ def test_call_returns_the_tool_result(http, scene):
     (lambda b: {**b, "tool": 3}, 400, "'tool' to be a string"),
     (lambda b: {**b, "images": [{"png": "%%%"}]}, 400, "base64"),
     (lambda b: {**b, "images": [{"raw": "AAAA", "size": [10, 10]}]}, 400, "needs 300 bytes"),
-    (lambda b: {**b, "images": [{"gif": "x"}]}, 400, "'png', 'raw' or 'path'"),
+    (lambda b: {**b, "images": [{"gif": "x"}]}, 400, "'png', 'raw', 'path' or 'ref'"),
     (lambda b: {**b, "images": [{"path": "/etc/passwd"}]}, 403, "not under this server's image roots"),
     (lambda b: {**b, "context": []}, 400, "'context' to be an object"),
 ])
@@ -175,3 +175,32 @@ def test_the_server_cache_serves_a_group_across_clients(server, token_env, scene
                                                        for r in results)
     for c in clients:
         c.close()
+
+
+def test_images_are_sent_once_then_referred_to_by_digest(server, http, token_env, scene):
+    from tool_backends.base import image_digest
+
+    client = HTTPToolBackend(["image_zoom_in"], url=server.url, token_env=token_env, transport="raw")
+    first = client.call("image_zoom_in", [scene.image], {"bbox": [0, 0, 30, 30]}, ToolContext())
+    digest = image_digest(scene.image)
+    assert digest in client._sent
+    ref = http.post("/call", json={"tool": "image_zoom_in", "arguments": {"bbox": [0, 0, 30, 30]},
+                                   "images": [{"ref": digest}]})
+    assert ref.status_code == 200 and ref.json()["result"]["text"] == first.text
+    unknown = http.post("/call", json={"tool": "image_zoom_in", "arguments": {}, "images": [{"ref": "f" * 32}]})
+    assert unknown.status_code == 409 and "send the image itself" in unknown.json()["detail"]
+    lying = http.post("/call", json={"tool": "image_zoom_in", "arguments": {},
+                                     "images": [{**encode_image(scene.image, "png"), "digest": "0" * 32}]})
+    assert lying.status_code == 400 and "does not match" in lying.json()["detail"]
+    client.close()
+
+
+def test_a_server_that_forgot_an_image_gets_it_again(start_server, scene, tmp_path):
+    forgetful = start_server(["serve", "--tools", "image_zoom_in", "--image-store-mb", "0",
+                              "--result-dir", str(tmp_path), "--cache-size", "0"])
+    client = HTTPToolBackend(["image_zoom_in"], url=forgetful.url, transport="raw", result_format="path",
+                             shared_dir=str(tmp_path))
+    results = [client.call("image_zoom_in", [scene.image], {"bbox": [0, 0, 30, 30]}, ToolContext()) for _ in range(2)]
+    assert results[0].ok and results[1].text == results[0].text  # the second call got a 409 and resent
+    assert results[1].images[0].tobytes() == results[0].images[0].tobytes() and list(tmp_path.glob("*.bmp"))
+    client.close()

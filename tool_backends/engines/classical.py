@@ -110,9 +110,8 @@ class BlobGrounder:
         if dark:
             g = 1.0 - g
         radius = max(2, int(self.radius_fraction * max(g.shape)))
-        y, x = np.ogrid[-radius:radius + 1, -radius:radius + 1]
-        disk = x * x + y * y <= radius * radius
-        tophat = g - ndimage.grey_opening(g, footprint=disk)
+        # A flat square opening: separable, so O(pixels) whatever the radius (a disk is ~100x slower).
+        tophat = g - ndimage.grey_opening(g, size=(2 * radius + 1, 2 * radius + 1))
         t = max(_otsu(tophat), 0.02)
         labels, n = ndimage.label(tophat > t, structure=np.ones((3, 3), bool))
         area_total = g.size

@@ -1,0 +1,219 @@
+"""Tool backends side by side: in-process vs a real tool server on loopback, per tool and per image
+transport; remote throughput with concurrent clients; a GRPO group of 8 identical calls with and
+without the cache. Real VQA-RAD images (the embedded synthetic scan when VQA-RAD is absent).
+
+    python benchmarks/bench_tools.py [--quick] [--vqa-rad ../shared/data/vqa_rad]
+
+Goals: remote overhead on loopback < 3 ms per call over in-process; an 8-copy group ~ one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from PIL import Image  # noqa: E402
+
+from medvqa_env.parser import ToolCall  # noqa: E402
+from tool_backends.base import ToolContext  # noqa: E402
+from tool_backends.toolbox import ToolCache, Toolbox  # noqa: E402
+
+TOOLS = {"image_zoom_in": {}, "segment": {"engine": "classical"}, "ground": {"engine": "classical"},
+         "classify": {"engine": "oracle"}, "hires_render": {}}
+
+
+def arguments(tool: str, size: tuple[int, int]) -> dict:
+    w, h = size
+    box = [w // 3, h // 3, w // 3 + w // 6, h // 3 + h // 6]
+    return {"image_zoom_in": {"bbox": box}, "segment": {"bbox": box}, "ground": {"text": "bright lesion"},
+            "classify": {"labels": ["ct", "mri", "x-ray"]}, "hires_render": {"bbox": box, "scale": 2}}[tool]
+
+
+def load_images(vqa_rad: str | None, n: int) -> list[Image.Image]:
+    root = Path(vqa_rad) / "images" if vqa_rad else None
+    if root and root.is_dir():
+        paths = sorted(root.glob("*.jpg"))
+        step = max(1, len(paths) // n)
+        return [Image.open(p).convert("RGB") for p in paths[::step][:n]]
+    from medvqa_env.datasets import load_dataset
+
+    ds = load_dataset("embedded")
+    return [Image.open(r.image_paths[0]).convert("RGB") for r in list(ds)[:n]]
+
+
+def start_server(shared: str, cache_size: int) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engines = ",".join(f"{t}={o['engine']}" for t, o in TOOLS.items() if "engine" in o)
+    proc = subprocess.Popen([sys.executable, "-m", "tool_backends.cli", "serve", "--tools", ",".join(TOOLS),
+                             "--engine", engines, "--port", str(port), "--image-root", shared,
+                             "--cache-size", str(cache_size), "--max-concurrency", "8"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=0.5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("tool server did not start")
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def latency(images, url: str, shared: str, repeats: int) -> list[dict]:
+    """Median ms per call: local, and remote per transport with warm (same image object, its
+    encoding memoised) and cold (a fresh copy every call: hash + encode paid each time) clients."""
+    local = Toolbox.from_config({t: {"backend": "local", **o} for t, o in TOOLS.items()}, cache=False)
+    remotes = {tr: Toolbox.from_config({t: {"url": url, "transport": tr, "shared_dir": shared,
+                                            "result_format": "png" if tr == "png" else "raw"} for t in TOOLS},
+                                       cache=False)
+               for tr in ("png", "raw", "path")}
+    rows = []
+    ctx = ToolContext()
+    for tool in TOOLS:
+        row = {"tool": tool, "local": [], **{f"{tr}_warm": [] for tr in remotes}, **{f"{tr}_cold": [] for tr in remotes}}
+        for image in images:
+            call = ToolCall(tool, arguments(tool, image.size))
+            local.call(call, [image], ctx)  # warm-up
+            row["local"].append(median_ms(lambda: local.call(call, [image], ctx), repeats))
+            for tr, box in remotes.items():
+                box.call(call, [image], ctx)
+                row[f"{tr}_warm"].append(median_ms(lambda: box.call(call, [image], ctx), repeats))
+                row[f"{tr}_cold"].append(median_ms(lambda: box.call(call, [image.copy()], ctx), repeats))
+        rows.append({k: (statistics.median(v) if isinstance(v, list) else v) for k, v in row.items()})
+    for box in (local, *remotes.values()):
+        box.close()
+    return rows
+
+
+def throughput(image, url: str, shared: str, clients: int, seconds: float) -> float:
+    """Calls per second from ``clients`` threads, each with its own pooled client (cache off)."""
+    call = ToolCall("segment", arguments("segment", image.size))
+    boxes = [Toolbox.from_config({"segment": {"url": url, "transport": "path", "shared_dir": shared,
+                                              "result_format": "raw"}}, cache=False) for _ in range(clients)]
+    for b in boxes:
+        b.call(call, [image], ToolContext())
+    counts = [0] * clients
+    stop = time.perf_counter() + seconds
+
+    def worker(i):
+        while time.perf_counter() < stop:
+            boxes[i].call(call, [image], ToolContext())
+            counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    elapsed = time.perf_counter() - t0
+    for b in boxes:
+        b.close()
+    return sum(counts) / elapsed
+
+
+def grpo_group(image, url_cached: str, n: int = 8) -> dict[str, float]:
+    """Wall time of n identical segment calls: no cache, the env-side cache (one process), and n
+    cache-less clients against a server with its cache on (n processes of one GRPO group)."""
+    call = ToolCall("segment", arguments("segment", image.size))
+    ctx = ToolContext(record_id="group")
+    out = {}
+    plain = Toolbox.from_config({"segment": {"backend": "local"}}, cache=False)
+    plain.call(ToolCall("segment", {"bbox": [0, 0, 10, 10]}), [image], ctx)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        plain.call(call, [image], ctx)
+    out["local, no cache"] = time.perf_counter() - t0
+    cached = Toolbox.from_config({"segment": {"backend": "local"}}, cache=ToolCache())
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cached.call(call, [image], ctx)
+    out["local, cache"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plain.call(call, [image], ctx)
+    out["one call"] = time.perf_counter() - t0
+    clients = [Toolbox.from_config({"segment": {"url": url_cached, "transport": "raw", "result_format": "raw"}},
+                                   cache=False) for _ in range(n)]
+    copies = [image.copy() for _ in range(n)]  # each env loaded its own copy
+    t0 = time.perf_counter()
+    for box, im in zip(clients, copies):
+        box.call(call, [im], ctx)
+    out["remote, server cache, 8 clients"] = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--vqa-rad", default=str(REPO.parent / "shared" / "data" / "vqa_rad"))
+    args = ap.parse_args(argv)
+    n_images, repeats, seconds = (3, 3, 1.0) if args.quick else (8, 7, 3.0)
+    images = load_images(args.vqa_rad, n_images)
+    shared = tempfile.mkdtemp(prefix="medvqa-bench-shared-")
+    server, url = start_server(shared, cache_size=0)
+    cached_server, cached_url = start_server(shared, cache_size=256)
+    try:
+        rows = latency(images, url, shared, repeats)
+        small = min(images, key=lambda im: im.size[0] * im.size[1])
+        tput = {c: throughput(small, url, shared, c, seconds) for c in (1, 2, 4, 8)}
+        group = grpo_group(small, cached_url)
+    finally:
+        server.kill(), cached_server.kill()
+    sizes = sorted(f"{im.size[0]}x{im.size[1]}" for im in images)
+    cmd = f"python benchmarks/bench_tools.py{' --quick' if args.quick else ''}"
+    lines = [
+        "## Tool backends: in-process vs remote (loopback), transports, throughput, cache",
+        "",
+        f"`{cmd}` — {len(images)} VQA-RAD images ({', '.join(sizes)}), median ms per call over images "
+        f"(each the median of {repeats} calls); server and env caches off. *warm*: the same image object "
+        "again (its hash and encoding memoised, as within an episode); *cold*: a fresh copy each call.",
+        "",
+        "| tool | in-process | png warm | raw warm | path warm | png cold | raw cold | path cold | best overhead |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        best = min(r["png_warm"], r["raw_warm"], r["path_warm"]) - r["local"]
+        lines.append(f"| {r['tool']} | {r['local']:.2f} | {r['png_warm']:.2f} | {r['raw_warm']:.2f} | "
+                     f"{r['path_warm']:.2f} | {r['png_cold']:.2f} | {r['raw_cold']:.2f} | {r['path_cold']:.2f} | "
+                     f"{best:+.2f} |")
+    lines += ["", f"Remote throughput, `segment` (classical) on a {small.size[0]}x{small.size[1]} image, "
+              f"`path` transport, one pooled client per thread, {seconds:g} s each:", "",
+              "| concurrent clients | calls/s | ratio to 1 client |", "|---:|---:|---:|"]
+    for c, v in tput.items():
+        lines.append(f"| {c} | {v:.1f} | {v / tput[1]:.2f} |")
+    lines += ["", "A GRPO group of 8 identical `segment` calls (same record, same image):", "",
+              "| setting | total ms | ratio to one call |", "|---|---:|---:|"]
+    one = group["one call"]
+    for k, v in group.items():
+        lines.append(f"| {k} | {1000 * v:.1f} | {v / one:.2f} |")
+    section = "\n".join(lines) + "\n"
+    print(section)
+    return section
+
+
+if __name__ == "__main__":
+    main()

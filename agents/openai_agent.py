@@ -197,6 +197,11 @@ class OpenAIAgent(Agent):
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def _redact(self, text: str) -> str:
+        """``text`` with the API key blanked out (an endpoint or proxy may echo request headers)."""
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        return text.replace(key, "[api key]") if key else text
+
     def build_request(self, conversation: Conversation) -> dict[str, Any]:
         """The JSON body for one conversation (without ``model`` resolution side effects)."""
         body: dict[str, Any] = {"model": self.model,
@@ -244,9 +249,9 @@ class OpenAIAgent(Agent):
                     try:
                         return r.json()
                     except ValueError:
-                        raise EndpointError(f"{method} {url} returned non-JSON: {_short(r.text)}", r.status_code,
+                        raise EndpointError(f"{method} {url} returned non-JSON: {_short(self._redact(r.text))}", r.status_code,
                                             attempt + 1) from None
-                status, last = r.status_code, f"HTTP {r.status_code}: {_short(r.text)}"
+                status, last = r.status_code, f"HTTP {r.status_code}: {_short(self._redact(r.text))}"
                 if r.status_code not in RETRY_STATUS:
                     raise EndpointError(f"{method} {url} failed: {last}", status, attempt + 1)
                 retry_after = r.headers.get("retry-after")

@@ -138,6 +138,11 @@ class JudgeClient:
         key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def _redact(self, text: str) -> str:
+        """``text`` with the API key blanked out (an endpoint or proxy may echo request headers)."""
+        key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
+        return text.replace(key, "[api key]") if key else text
+
     def prompt(self, question: str, prediction: str, reference: str) -> str:
         return self.config.prompt.format(question=question, prediction=prediction, reference=reference)
 
@@ -190,10 +195,10 @@ class JudgeClient:
                 try:
                     text = resp.json()["choices"][0]["message"]["content"] or ""
                 except (ValueError, KeyError, IndexError, TypeError) as e:
-                    return Verdict(None, resp.text[:200], f"malformed response: {e!r}")
+                    return Verdict(None, self._redact(resp.text)[:200], f"malformed response: {e!r}")
                 score = parse_yes_no(text)
                 return Verdict(0.0 if score is None else score, text)
-            error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            error = f"HTTP {resp.status_code}: {self._redact(resp.text)[:200]}"
             if resp.status_code not in self._RETRY_STATUS:
                 break
         return Verdict(None, "", error)

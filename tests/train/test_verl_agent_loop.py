@@ -160,8 +160,8 @@ def test_wrong_answer_gets_negative_reward(stack):
 
 
 def test_free_generation_runs_to_max_turns(stack):
-    """A random model never answers: 3 tool turns of format feedback, then the env truncates."""
-    out, server, _ = run_episode(stack, make_config(**{"env.max_turns": 2}), None, 1)
+    """A random model never answers: 2 tool turns of format feedback, a last turn, then the env truncates."""
+    out, server, _ = run_episode(stack, make_config(**{"env.max_turns": 2, "max_action_length": 12}), None, 1)
     assert out.extra_fields["medvqa"]["end_reason"] == "max_turns"
     assert out.reward_score == -1.0  # CLOSED, no answer
     assert len(server.calls) == 3  # 2 tool turns + the last chance to answer

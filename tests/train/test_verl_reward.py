@@ -82,3 +82,30 @@ def test_overlong_penalty():
     assert overlong_penalty(1000, 1000, 200, penalty_factor=0.5) == -0.5
     with pytest.raises(ValueError, match="buffer_len"):
         overlong_penalty(10, 100, 0)
+
+
+def test_under_ray_armed_thresholds_are_shared_by_workers(monkeypatch):
+    """In a Ray job (verl's workers) the shared reward keeps ARMed's thresholds in one named actor:
+    a second worker's reward sees what the first one's samples put in the buffers."""
+    ray = pytest.importorskip("ray")
+    from rewards.adaptive_ray import RayThresholds
+
+    from train.verl_integration import reward as reward_mod
+
+    monkeypatch.setattr(reward_mod, "_REWARDS", {})
+    ray.init(num_cpus=1, include_dashboard=False, namespace="verl-reward-test", log_to_driver=False)
+    try:
+        worker_a = reward_mod.shared_reward()  # "auto" resolves to "ray" inside a Ray job
+        open_a = next(fn for kind, fn in worker_a.fn.routes.items() if kind.value == "OPEN")
+        assert isinstance(open_a.thresholds, RayThresholds)
+        answers = ("left lung", "right kidney", "liver", "brain")
+        for answer in answers:
+            reward_mod.score_turn(f"\\boxed{{{answer}}}", "left lung", {"answer_type": "OPEN"}, worker_a)
+        worker_b = reward_mod.build_reward("ray")  # what another worker process builds
+        state = worker_b.state_dict()["OPEN"]["thresholds"]
+        assert [len(state["buffers"][m]) for m in ("bertscore", "cosine")] == [len(answers)] * 2
+        assert state == worker_a.state_dict()["OPEN"]["thresholds"]
+    finally:
+        RayThresholds(name="medvqa-armed-thresholds").close()
+        ray.shutdown()
+    assert reward_mod.resolve_store("auto") == "local"

@@ -24,7 +24,7 @@ numeric per-sample keys verl logs and DAPO's group filter reads: ``acc``).
 
 Settings come from the ``medvqa`` section of the trainer config (see
 :mod:`train.verl_integration.config`): ``env`` (kwargs for ``MedVQAEnv``), ``max_action_length``,
-``max_obs_length``, ``stop``, ``overlong_buffer``.
+``max_obs_length``, ``stop``, ``overlong_buffer``, ``reward`` (where ARMed's thresholds live).
 """
 
 from __future__ import annotations
@@ -86,12 +86,14 @@ def shared_dataset(env_kwargs: Mapping[str, Any]):
         return _DATASETS[key]
 
 
-def make_env(env_kwargs: Mapping[str, Any]):
-    """A fresh ``MedVQAEnv`` per episode, over the shared dataset and the shared reward."""
+def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | None = None):
+    """A fresh ``MedVQAEnv`` per episode, over the shared dataset and the shared reward
+    (``reward_options``: ``threshold_store``, ``armed`` -- see :func:`reward.build_reward`)."""
     from medvqa_env.env import MedVQAEnv
 
     kwargs = {k: v for k, v in env_kwargs.items() if k not in ("dataset", "split", "dataset_options")}
-    kwargs.setdefault("reward", shared_reward())
+    if kwargs.get("reward") is None:
+        kwargs["reward"] = shared_reward(**dict(reward_options or {}))
     return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
 
 
@@ -134,7 +136,7 @@ class MedVQAAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         loop = asyncio.get_running_loop()
         extra_info = dict(_plain(kwargs.get("extra_info")) or {})
-        env = await loop.run_in_executor(None, make_env, self.env_kwargs)
+        env = await loop.run_in_executor(None, make_env, self.env_kwargs, self.settings.get("reward"))
         try:
             return await self._episode(env, loop, sampling_params, extra_info, kwargs)
         finally:

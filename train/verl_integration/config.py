@@ -146,6 +146,10 @@ MEDVQA_DEFAULTS: dict[str, Any] = {
     "max_obs_length": 8192,
     "stop": [],  # extra stop strings per turn, e.g. ["</tool_call>"]
     "overlong_buffer": {"enable": False, "len": 1024, "penalty_factor": 1.0},
+    # ARMed's adaptive thresholds: "auto" = one Ray actor for all workers under Ray, else local;
+    # "armed": ARMedConfig overrides, e.g. {bertscore_model: /models/pubmedbert, bertscore_layers: 8,
+    # cosine_model: /models/biobert-sts} for the seed's backbones.
+    "reward": {"threshold_store": "auto", "armed": {}},
 }
 
 
@@ -271,6 +275,9 @@ def _validate_medvqa(cfg) -> None:
         value = m[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"expected medvqa.{key} to be a positive int, got {value!r}")
+    store = m.reward.threshold_store
+    if store not in ("auto", "local", "ray"):
+        raise ConfigError(f"expected medvqa.reward.threshold_store in ('auto', 'local', 'ray'), got {store!r}")
     ob = m.overlong_buffer
     if ob.enable and not 0 < int(ob.len) < response_length:
         raise ConfigError(

@@ -12,7 +12,8 @@ must be the same for every sample). Point verl at it with
 observations between them); the answer is read from the final model turn, i.e. the text after
 the last ``</observation>``. The score is :func:`rewards.default_reward` (rule ±1 for CLOSED/MCQ,
 ARMed for OPEN), the same object the env uses, built once per process so ARMed's adaptive
-thresholds carry across calls.
+thresholds carry across calls -- and, inside a Ray job, kept by one named actor for all workers
+(:func:`build_reward`).
 
 With our agent loop the env already scores each trajectory (``AgentLoopOutput.reward_score``),
 and verl then skips the reward manager; this entry point serves verl's other rollouts (single-turn
@@ -28,7 +29,9 @@ validation, ``tool_agent``) and offline re-scoring.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import threading
 from typing import Any, Mapping
 
@@ -37,7 +40,7 @@ from medvqa_env.records import AnswerType
 
 _OBS_END = "</observation>"
 _ROLE_PREFIX = re.compile(r"^\s*(assistant|user|tool)\s*\n", re.IGNORECASE)
-_REWARD = None
+_REWARDS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 SCORE_KEYS = ("score", "acc", "format_ok", "answered")
 
@@ -62,16 +65,51 @@ class _Serialized:
             self.fn.load_state_dict(state)
 
 
-def shared_reward():
-    """The process-wide :func:`rewards.default_reward` (ARMed is stateful and slow to build),
-    safe to call from several threads."""
-    global _REWARD
-    with _LOCK:
-        if _REWARD is None:
-            from rewards import default_reward
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")  # not imported means not initialised; avoids importing Ray
+    return bool(ray is not None and ray.is_initialized())
 
-            _REWARD = _Serialized(default_reward())
-        return _REWARD
+
+def resolve_store(threshold_store: str = "auto") -> str:
+    """``auto`` -> ``ray`` inside a Ray job (verl's workers), else ``local``."""
+    if threshold_store not in ("auto", "local", "ray"):
+        raise ValueError(f"expected threshold_store in ('auto', 'local', 'ray'), got {threshold_store!r}")
+    if threshold_store == "auto":
+        return "ray" if _ray_running() else "local"
+    return threshold_store
+
+
+def build_reward(threshold_store: str = "auto", armed: Mapping[str, Any] | None = None):
+    """:func:`rewards.default_reward` (rule for CLOSED/MCQ, ARMed for OPEN). Under Ray, ARMed's
+    adaptive thresholds are owned by one named actor (``threshold_store="ray"``), so verl's
+    agent-loop and reward workers all feed and read the same running buffers, as one reward
+    manager over the whole batch would; ``armed`` overrides ``ARMedConfig`` fields (e.g. the
+    seed's PubMedBERT/BioBERT folders)."""
+    store = resolve_store(threshold_store)
+    from rewards import default_reward
+
+    if store == "local" and not armed:
+        return default_reward()
+    try:
+        from rewards.armed import ARMedReward
+    except ImportError:  # ARMed's metric libraries absent: default_reward falls back to exact match
+        return default_reward()
+    from rewards.base import ByAnswerType
+    from rewards.rule import RuleReward
+
+    rule = RuleReward()
+    return ByAnswerType(closed=rule, mcq=rule, open=ARMedReward(threshold_store=store, **dict(armed or {})))
+
+
+def shared_reward(threshold_store: str = "auto", armed: Mapping[str, Any] | None = None):
+    """The process-wide reward of :func:`build_reward` for these options (ARMed is stateful and slow
+    to build), safe to call from several threads."""
+    key = json.dumps({"store": resolve_store(threshold_store), "armed": dict(armed or {})}, sort_keys=True,
+                     default=str)
+    with _LOCK:
+        if key not in _REWARDS:
+            _REWARDS[key] = _Serialized(build_reward(threshold_store, armed))
+        return _REWARDS[key]
 
 
 def final_turn(solution_str: str) -> str:

@@ -62,7 +62,7 @@ def start_server(shared: str, cache_size: int) -> tuple[subprocess.Popen, str]:
     engines = ",".join(f"{t}={o['engine']}" for t, o in TOOLS.items() if "engine" in o)
     proc = subprocess.Popen([sys.executable, "-m", "tool_backends.cli", "serve", "--tools", ",".join(TOOLS),
                              "--engine", engines, "--port", str(port), "--image-root", shared,
-                             "--cache-size", str(cache_size), "--max-concurrency", "8"],
+                             "--cache-size", str(cache_size), "--max-concurrency", "8", "--result-dir", shared],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -85,26 +85,37 @@ def median_ms(fn, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def _forget(box: Toolbox) -> None:
+    """Make the next call upload its image again (as a client that never sent it would)."""
+    for backend in dict.fromkeys(box._backends.values()):
+        backend._sent.clear()
+        backend._encoded.clear()
+
+
 def latency(images, url: str, shared: str, repeats: int) -> list[dict]:
-    """Median ms per call: local, and remote per transport with warm (same image object, its
-    encoding memoised) and cold (a fresh copy every call: hash + encode paid each time) clients."""
+    """Median ms per call: in-process, and remote per transport: *upload* (a fresh image copy the
+    client has not sent: hash, encode, transfer, decode) and *repeat* (the server holds it: a ref)."""
     local = Toolbox.from_config({t: {"backend": "local", **o} for t, o in TOOLS.items()}, cache=False)
-    remotes = {tr: Toolbox.from_config({t: {"url": url, "transport": tr, "shared_dir": shared,
-                                            "result_format": "png" if tr == "png" else "raw"} for t in TOOLS},
-                                       cache=False)
+    remotes = {tr: Toolbox.from_config({t: {"url": url, "transport": tr, "shared_dir": shared, "result_format": tr,
+                                            "optimistic_refs": False} for t in TOOLS}, cache=False)
                for tr in ("png", "raw", "path")}
     rows = []
     ctx = ToolContext()
     for tool in TOOLS:
-        row = {"tool": tool, "local": [], **{f"{tr}_warm": [] for tr in remotes}, **{f"{tr}_cold": [] for tr in remotes}}
+        row = {"tool": tool, "local": [], **{f"{tr}_upload": [] for tr in remotes}, **{f"{tr}_repeat": [] for tr in remotes}}
         for image in images:
             call = ToolCall(tool, arguments(tool, image.size))
             local.call(call, [image], ctx)  # warm-up
             row["local"].append(median_ms(lambda: local.call(call, [image], ctx), repeats))
             for tr, box in remotes.items():
                 box.call(call, [image], ctx)
-                row[f"{tr}_warm"].append(median_ms(lambda: box.call(call, [image], ctx), repeats))
-                row[f"{tr}_cold"].append(median_ms(lambda: box.call(call, [image.copy()], ctx), repeats))
+                row[f"{tr}_repeat"].append(median_ms(lambda: box.call(call, [image], ctx), repeats))
+
+                def upload():
+                    _forget(box)
+                    box.call(call, [image.copy()], ctx)
+
+                row[f"{tr}_upload"].append(median_ms(upload, repeats))
         rows.append({k: (statistics.median(v) if isinstance(v, list) else v) for k, v in row.items()})
     for box in (local, *remotes.values()):
         box.close()
@@ -115,7 +126,7 @@ def throughput(image, url: str, shared: str, clients: int, seconds: float) -> fl
     """Calls per second from ``clients`` threads, each with its own pooled client (cache off)."""
     call = ToolCall("segment", arguments("segment", image.size))
     boxes = [Toolbox.from_config({"segment": {"url": url, "transport": "path", "shared_dir": shared,
-                                              "result_format": "raw"}}, cache=False) for _ in range(clients)]
+                                              "result_format": "path"}}, cache=False) for _ in range(clients)]
     for b in boxes:
         b.call(call, [image], ToolContext())
     counts = [0] * clients
@@ -156,13 +167,19 @@ def grpo_group(image, url_cached: str, n: int = 8) -> dict[str, float]:
     t0 = time.perf_counter()
     plain.call(call, [image], ctx)
     out["one call"] = time.perf_counter() - t0
-    clients = [Toolbox.from_config({"segment": {"url": url_cached, "transport": "raw", "result_format": "raw"}},
-                                   cache=False) for _ in range(n)]
-    copies = [image.copy() for _ in range(n)]  # each env loaded its own copy
-    t0 = time.perf_counter()
-    for box, im in zip(clients, copies):
-        box.call(call, [im], ctx)
-    out["remote, server cache, 8 clients"] = time.perf_counter() - t0
+    for optimistic in (False, True):
+        clients = [Toolbox.from_config({"segment": {"url": url_cached, "transport": "raw", "result_format": "raw",
+                                                    "optimistic_refs": optimistic}}, cache=False) for _ in range(n)]
+        for box in clients:  # connections open, as in a running rollout
+            box.call(ToolCall("segment", {"bbox": [0, 0, 8, 8]}), [Image.new("RGB", (16, 16), optimistic)], ctx)
+        copies = [image.rotate(90 * optimistic + 180) for _ in range(n)]  # each env loaded its own copy; a new image per row
+        t0 = time.perf_counter()
+        for box, im in zip(clients, copies):
+            box.call(call, [im], ctx)
+        name = "optimistic refs (default)" if optimistic else "each uploads the image"
+        out[f"remote, 8 clients, server cache, {name}"] = time.perf_counter() - t0
+        for box in clients:
+            box.close()
     return out
 
 
@@ -189,17 +206,19 @@ def main(argv: list[str] | None = None) -> str:
         "## Tool backends: in-process vs remote (loopback), transports, throughput, cache",
         "",
         f"`{cmd}` — {len(images)} VQA-RAD images ({', '.join(sizes)}), median ms per call over images "
-        f"(each the median of {repeats} calls); server and env caches off. *warm*: the same image object "
-        "again (its hash and encoding memoised, as within an episode); *cold*: a fresh copy each call.",
+        f"(each the median of {repeats} calls); server and env caches off. *upload*: an image the client "
+        "has not sent (hash + encode + transfer + decode, results back in the same format); *repeat*: the "
+        "server holds the image, the client sends its digest (every later turn of an episode).",
         "",
-        "| tool | in-process | png warm | raw warm | path warm | png cold | raw cold | path cold | best overhead |",
+        "| tool | in-process | png upload | raw upload | path upload | png repeat | raw repeat | path repeat "
+        "| overhead (best repeat) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        best = min(r["png_warm"], r["raw_warm"], r["path_warm"]) - r["local"]
-        lines.append(f"| {r['tool']} | {r['local']:.2f} | {r['png_warm']:.2f} | {r['raw_warm']:.2f} | "
-                     f"{r['path_warm']:.2f} | {r['png_cold']:.2f} | {r['raw_cold']:.2f} | {r['path_cold']:.2f} | "
-                     f"{best:+.2f} |")
+        best = min(r["png_repeat"], r["raw_repeat"], r["path_repeat"]) - r["local"]
+        lines.append(f"| {r['tool']} | {r['local']:.2f} | {r['png_upload']:.2f} | {r['raw_upload']:.2f} | "
+                     f"{r['path_upload']:.2f} | {r['png_repeat']:.2f} | {r['raw_repeat']:.2f} | "
+                     f"{r['path_repeat']:.2f} | {best:+.2f} |")
     lines += ["", f"Remote throughput, `segment` (classical) on a {small.size[0]}x{small.size[1]} image, "
               f"`path` transport, one pooled client per thread, {seconds:g} s each:", "",
               "| concurrent clients | calls/s | ratio to 1 client |", "|---:|---:|---:|"]

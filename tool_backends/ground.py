@@ -79,6 +79,7 @@ class GroundTool(Tool):
         data = {"image_index": source, "engine": self.engine_name, "query": text, "boxes": boxes}
         if not boxes:
             return ToolResult(text=f"Found nothing matching {text!r} in image {source}.", data=data)
+        data["image_recipe"] = "boxes"
         listing = "; ".join(f"{i + 1}: {b['bbox']} ({b['label'] or text}, score {b['score']:.2f})"
                             for i, b in enumerate(boxes))
         return ToolResult(text=f"Found {len(boxes)} region{'s' if len(boxes) != 1 else ''} matching {text!r} in image "

@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 RETRY_STATUS = (502, 503, 504)
 
 
+class _Everything:
+    """A set that contains every digest (optimistic references)."""
+
+    def __contains__(self, item) -> bool:
+        return True
+
+
 class HTTPToolBackend:
     """Calls ``tools`` on the server at ``url``.
 
@@ -46,12 +53,17 @@ class HTTPToolBackend:
         pool_size: keep-alive connections kept open.
         result_format: ``png``, ``raw`` or ``path`` (read from ``shared_dir``, where the server's
             ``--result-dir`` points) for the images coming back.
+        derived_images: let the server send a mask overlay or drawn boxes as a recipe the client
+            redraws from the image it sent (identical pixels, no image transfer).
+        optimistic_refs: send every image as its digest first, and the image itself only when the
+            server answers 409: the n envs of a GRPO group then upload a shared image once between
+            them, at the price of one small extra round trip for an image nobody sent before.
     """
 
     def __init__(self, tools: Sequence[str] | None = None, url: str = "http://127.0.0.1:7660", timeout_s: float = 30.0,
                  retries: int = 2, backoff_s: float = 0.05, token_env: str | None = None, transport: str = "png",
                  shared_dir: str | None = None, pool_size: int = 8, result_format: str = "png",
-                 connect_timeout_s: float = 2.0) -> None:
+                 connect_timeout_s: float = 2.0, derived_images: bool = True, optimistic_refs: bool = True) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"expected an http(s) URL for a tool server, got {url!r}")
         if transport not in TRANSPORTS:
@@ -77,6 +89,8 @@ class HTTPToolBackend:
         self.pool_size = int(pool_size)
         self.result_format = result_format
         self.connect_timeout_s = float(connect_timeout_s)
+        self.derived_images = bool(derived_images)
+        self.optimistic_refs = bool(optimistic_refs)
         self._specs: list[ToolSpec] | None = None
         self._client: httpx.Client | None = None
         self._encoded: OrderedDict = OrderedDict()
@@ -166,13 +180,14 @@ class HTTPToolBackend:
                  context: ToolContext, refs: bool = True) -> tuple[dict[str, Any], str | None]:
         """The request body, and the digest of the image it carries (to remember once sent)."""
         entries = encode_images_for_call(images, arguments, self.transport, self.shared_dir, self._encoded,
-                                         self._sent if refs else None)
+                                         (_Everything() if self.optimistic_refs else self._sent) if refs else None)
         while len(self._encoded) > 64:
             self._encoded.popitem(last=False)
         index = target_index(arguments, len(images))
         digest = image_digest(images[index]) if index is not None else None
         body = {"tool": name, "arguments": dict(arguments) if isinstance(arguments, Mapping) else arguments,
-                "images": entries, "context": context.to_dict(), "image_format": self.result_format}
+                "images": entries, "context": context.to_dict(), "image_format": self.result_format,
+                "derived_ok": self.derived_images}
         return body, digest
 
     def _remember(self, digests) -> None:
@@ -201,7 +216,7 @@ class HTTPToolBackend:
             body, digest = self._payload(name, images, arguments, context, refs)
             return body, [digest]
 
-        return self._parse(name, self._post("/call", f"Tool {name!r}", build), "result")
+        return self._parse(name, self._post("/call", f"Tool {name!r}", build), "result", images)
 
     def call_many(self, calls: Sequence[tuple[str, Sequence[Image.Image], Mapping[str, Any], ToolContext]]) -> list[ToolResult]:
         """Several calls in one request (``/call_batch``); one result per call, in order."""
@@ -216,7 +231,7 @@ class HTTPToolBackend:
         if response.status_code != 200:
             raise ToolBackendError(f"Tool server refused the batch ({response.status_code}): {self._detail(response)}")
         try:
-            return [result_from_wire(r, self._roots) for r in response.json()["results"]]
+            return [result_from_wire(r, self._roots, c[1]) for r, c in zip(response.json()["results"], calls)]
         except (KeyError, TypeError, ValueError, WireError) as e:
             raise ToolBackendError(f"Tool server sent a malformed batch response: {e}") from None
 
@@ -224,11 +239,12 @@ class HTTPToolBackend:
     def _roots(self) -> tuple[str, ...]:
         return (self.shared_dir,) if self.shared_dir else ()
 
-    def _parse(self, name: str, response: httpx.Response, key: str) -> ToolResult:
+    def _parse(self, name: str, response: httpx.Response, key: str,
+               images: Sequence[Image.Image] | None = None) -> ToolResult:
         if response.status_code != 200:
             raise ToolBackendError(f"Tool {name!r} refused the call ({response.status_code}): {self._detail(response)}")
         try:
-            return result_from_wire(response.json()[key], self._roots)
+            return result_from_wire(response.json()[key], self._roots, images)
         except (KeyError, TypeError, ValueError, WireError) as e:
             raise ToolBackendError(f"Tool {name!r} sent a malformed response: {e}") from None
 

@@ -97,7 +97,7 @@ class SegmentTool(Tool):
             return ToolResult(text=f"No structure found at the {prompt} of image {source}.", data=data)
         bbox = mask_bbox(mask)
         n = count_components(mask)
-        data.update(region=bbox, bbox=bbox, n_components=n)
+        data.update(region=bbox, bbox=bbox, n_components=n, image_recipe="mask_overlay")
         text = (f"Segmented the {prompt} of image {source}: area {area} px ({100 * area / mask.size:.2f}% of the "
                 f"image), bounding box {bbox}, {n} connected component{'s' if n != 1 else ''}. "
                 "The mask is drawn in red on the new image.")

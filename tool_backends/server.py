@@ -175,9 +175,9 @@ class ToolService:
     def decode(self, entry: Any):
         return decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
 
-    def encode(self, result: ToolResult, image_format: Any) -> dict[str, Any]:
+    def encode(self, result: ToolResult, image_format: Any, derived_ok: Any = False) -> dict[str, Any]:
         fmt = image_format if isinstance(image_format, str) else "png"
-        return result_to_wire(result, fmt, self.settings.result_dir)
+        return result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True)
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
         """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`)."""
@@ -308,7 +308,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     def one_call(call: Any) -> dict[str, Any]:
         name, arguments, images, context = service.decode_call(call)
-        return service.encode(service.run(name, arguments, images, context), call.get("image_format", "png"))
+        return service.encode(service.run(name, arguments, images, context), call.get("image_format", "png"),
+                              call.get("derived_ok", False))
 
     @app.post("/call")
     async def call(request: Request):

@@ -13,6 +13,11 @@ Every upload also carries the image's ``digest``; the server keeps recently seen
 afterwards (a multi-turn episode, a GRPO group). A server that no longer holds it answers 409 and
 the client sends the image again.
 
+A result image that is a pure function of the source image and the result's ``data`` (a mask
+overlay, boxes drawn) names its ``data["image_recipe"]``; for clients that ask
+(``derived_ok``), the server sends ``{"derived": recipe}`` instead of pixels and the client redraws
+it from the image it already holds, with the same function, so the pixels are identical.
+
 >>> from PIL import Image
 >>> im = Image.new("RGB", (3, 2), (10, 20, 30))
 >>> all(decode_image_entry(encode_image(im, k)).tobytes() == im.tobytes() for k in ("png", "raw"))
@@ -217,30 +222,60 @@ def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str
     return out
 
 
-def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str | None = None) -> dict[str, Any]:
-    """A result as JSON; images as ``png``, ``raw``, or ``path`` (written under ``result_dir``,
-    for a co-located client; without a ``result_dir`` that falls back to ``raw``)."""
+RECIPES = ("mask_overlay", "boxes")
+
+
+def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> Image.Image:
+    """Redraw a derived result image (see the module docstring)."""
+    from tool_backends.masks import draw_boxes, overlay_mask, rle_to_mask
+
+    if recipe == "mask_overlay":
+        return overlay_mask(source, rle_to_mask(data["mask_rle"]))
+    if recipe == "boxes":
+        return draw_boxes(source, data["boxes"])
+    raise WireError(f"expected an image recipe in {list(RECIPES)}, got {recipe!r}")
+
+
+def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str | None = None,
+                   derived_ok: bool = False) -> dict[str, Any]:
+    """A result as JSON; images as ``png``, ``raw``, ``path`` (written under ``result_dir``, for a
+    co-located client; without a ``result_dir`` that falls back to ``raw``) or, when the client
+    accepts them, ``derived`` recipes."""
     if transport == "path" and not result_dir:
         transport = "raw"
     if transport not in TRANSPORTS:
         transport = "png"
+    recipe = result.data.get("image_recipe") if isinstance(result.data, Mapping) else None
     images = []
     for im in result.images:
+        if derived_ok and recipe in RECIPES and len(result.images) == 1:
+            images.append({"derived": recipe})
+            continue
         entry = encode_image(im, transport, result_dir)
         entry.pop("digest", None)
         images.append(entry)
     return {"text": result.text, "error": result.error, "data": result.data, "images": images}
 
 
-def result_from_wire(payload: Any, roots: Sequence[str | os.PathLike] = ()) -> ToolResult:
-    """Inverse of :func:`result_to_wire`; ``path`` images are read only from under ``roots``."""
+def result_from_wire(payload: Any, roots: Sequence[str | os.PathLike] = (),
+                     images_sent: Sequence[Image.Image] | None = None) -> ToolResult:
+    """Inverse of :func:`result_to_wire`; ``path`` images are read only from under ``roots``;
+    ``derived`` ones are redrawn from ``images_sent[data["image_index"]]``."""
     if not isinstance(payload, Mapping) or not isinstance(payload.get("text"), str):
         raise WireError(f"expected a result object with 'text', got {str(payload)[:80]!r}")
     data = payload.get("data") or {}
     if not isinstance(data, dict):
         raise WireError("expected result 'data' to be an object")
-    try:
-        images = [decode_image_entry(e, roots) for e in payload.get("images") or []]
-    except PermissionError as e:
-        raise WireError(str(e)) from None
+    images = []
+    for entry in payload.get("images") or []:
+        if isinstance(entry, Mapping) and "derived" in entry:
+            index = data.get("image_index")
+            if images_sent is None or not isinstance(index, int) or not 0 <= index < len(images_sent):
+                raise WireError("a derived result image names no source image the client holds")
+            images.append(derive_image(str(entry["derived"]), images_sent[index], data))
+            continue
+        try:
+            images.append(decode_image_entry(entry, roots))
+        except PermissionError as e:
+            raise WireError(str(e)) from None
     return ToolResult(text=payload["text"], images=images, data=data, error=payload.get("error"))

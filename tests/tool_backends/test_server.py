@@ -108,7 +108,7 @@ def test_annotation_masks_outside_the_roots_are_never_opened(http, scene, tmp_pa
 
 def test_path_transport_reads_only_under_the_roots(server, token_env, scene):
     client = HTTPToolBackend(["segment"], url=server.url, token_env=token_env, transport="path",
-                             shared_dir=str(server.shared))
+                             shared_dir=str(server.shared), optimistic_refs=False)  # upload even if held
     ctx = ToolContext(annotations=scene.record.annotations)
     result = client.call("segment", [scene.image], {"bbox": [30, 40, 70, 80]}, ctx)
     assert result.data["bbox"] == [36, 46, 65, 75] and len(list(server.shared.iterdir())) == 1
@@ -180,7 +180,8 @@ def test_the_server_cache_serves_a_group_across_clients(server, token_env, scene
 def test_images_are_sent_once_then_referred_to_by_digest(server, http, token_env, scene):
     from tool_backends.base import image_digest
 
-    client = HTTPToolBackend(["image_zoom_in"], url=server.url, token_env=token_env, transport="raw")
+    client = HTTPToolBackend(["image_zoom_in"], url=server.url, token_env=token_env, transport="raw",
+                             optimistic_refs=False)
     first = client.call("image_zoom_in", [scene.image], {"bbox": [0, 0, 30, 30]}, ToolContext())
     digest = image_digest(scene.image)
     assert digest in client._sent
@@ -204,3 +205,16 @@ def test_a_server_that_forgot_an_image_gets_it_again(start_server, scene, tmp_pa
     assert results[0].ok and results[1].text == results[0].text  # the second call got a 409 and resent
     assert results[1].images[0].tobytes() == results[0].images[0].tobytes() and list(tmp_path.glob("*.bmp"))
     client.close()
+
+
+def test_derived_result_images_travel_as_recipes(http, server, token_env, scene):
+    ctx = ToolContext(annotations=scene.record.annotations).to_dict()
+    r = http.post("/call", json=body_for(scene, context=ctx, derived_ok=True)).json()["result"]
+    assert r["images"] == [{"derived": "mask_overlay"}] and r["data"]["image_recipe"] == "mask_overlay"
+    client = HTTPToolBackend(["segment"], url=server.url, token_env=token_env)
+    plain = HTTPToolBackend(["segment"], url=server.url, token_env=token_env, derived_images=False)
+    args = {"bbox": [30, 40, 70, 80]}
+    a, b = (c.call("segment", [scene.image], args, ToolContext(annotations=scene.record.annotations))
+            for c in (client, plain))
+    assert a.images[0].tobytes() == b.images[0].tobytes() and a.data == b.data
+    client.close(), plain.close()

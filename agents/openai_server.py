@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import hmac
 import os
 import secrets
 import threading
@@ -115,6 +116,9 @@ class ChatModel:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                  return_dict=True)["input_ids"].to(self.device)
         max_new = req.max_completion_tokens or req.max_tokens or 256
+        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        if limit and ids.shape[1] + max_new > limit:
+            raise ValueError(f"expected prompt + max_tokens <= {limit} tokens, got {ids.shape[1]} + {max_new}")
         kwargs: dict[str, Any] = {"max_new_tokens": max_new, "num_return_sequences": req.n,
                                   "pad_token_id": self.tokenizer.pad_token_id or self.tokenizer.eos_token_id}
         if req.temperature > 0:
@@ -154,7 +158,8 @@ def build_app(chat: ChatModel, api_key: str | None = None):
     app = FastAPI(title="medvqa-gym OpenAI-compatible server")
 
     def check(authorization: str | None) -> None:
-        if api_key is not None and authorization != f"Bearer {api_key}":
+        if api_key is not None and not hmac.compare_digest((authorization or "").encode(),
+                                                           f"Bearer {api_key}".encode()):
             raise HTTPException(401, {"error": {"message": "invalid or missing API key", "type": "invalid_request_error"}})
 
     @app.get("/health")
@@ -172,7 +177,10 @@ def build_app(chat: ChatModel, api_key: str | None = None):
         check(authorization)
         if req.stream:
             raise HTTPException(400, {"error": {"message": "stream=true is not supported", "type": "invalid_request_error"}})
-        return await run_in_threadpool(chat.complete, req)
+        try:
+            return await run_in_threadpool(chat.complete, req)
+        except ValueError as e:
+            raise HTTPException(400, {"error": {"message": str(e), "type": "invalid_request_error"}}) from None
 
     return app
 
@@ -265,6 +273,10 @@ def main(argv: list[str] | None = None) -> None:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise SystemExit(f"--api-key-env {args.api_key_env}: that variable is empty or unset")
+    from tool_backends.server import is_loopback
+
+    if api_key is None and not is_loopback(args.host):
+        raise SystemExit(f"refusing to serve on {args.host!r} without --api-key-env (or bind 127.0.0.1)")
     import uvicorn
 
     uvicorn.run(build_app(ChatModel(path, name, args.device), api_key), host=args.host, port=args.port,

@@ -90,6 +90,7 @@ def test_image_parts_are_ignored_and_system_messages_work(server):
 @pytest.mark.parametrize("body,status", [
     ({"messages": []}, 422), ({"messages": [{"role": "robot", "content": "x"}]}, 422),
     ({"n": 0}, 422), ({"temperature": 3}, 422), ({"stream": True}, 400),
+    ({"max_tokens": 4096, "messages": [{"role": "user", "content": "word " * 5000}]}, 400),
 ])
 def test_bad_requests_are_rejected_clearly(server, body, status):
     r = _chat(server, **body)

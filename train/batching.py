@@ -1,0 +1,117 @@
+"""Token sequences -> padded model inputs -> per-token log-probs of the response.
+
+Layout: ``[left pad | prompt | response | right pad]``, so every row's response starts at the same
+column and the model only has to return logits for the response (``logits_to_keep``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from agents.models import ChatEncoder, mm_token_type_ids
+
+
+@dataclass
+class Sequence_:
+    """One training sequence: ``prompt_ids`` are context; ``response_mask`` marks the trained
+    response tokens (0 = tool observation or other context inside the response)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    pixel_values: list[torch.Tensor] = field(default_factory=list)
+    image_grid_thw: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class TokenBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_width: int
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def from_trajectory(traj, prompt) -> Sequence_:
+    """A :class:`~train.rollout.Trajectory` (and its prompt's pixels) as a training sequence."""
+    pix = ([prompt.pixel_values] if prompt.pixel_values is not None else []) + list(traj.pixel_values)
+    grid = ([prompt.image_grid_thw] if prompt.image_grid_thw is not None else []) + list(traj.image_grid_thw)
+    return Sequence_(list(traj.prompt_ids), list(traj.response_ids), list(traj.response_mask), pix, grid)
+
+
+def pad_batch(seqs: Sequence[Sequence_], pad_id: int) -> TokenBatch:
+    """Left-pad prompts and right-pad responses to common widths."""
+    if not seqs:
+        raise ValueError("expected at least one sequence, got none")
+    pw = max(len(s.prompt_ids) for s in seqs)
+    rw = max(1, max(len(s.response_ids) for s in seqs))
+    b = len(seqs)
+    ids = torch.full((b, pw + rw), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, pw + rw), dtype=torch.long)
+    rmask = torch.zeros((b, rw), dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        ids[i, pw - p:pw] = torch.tensor(s.prompt_ids, dtype=torch.long)
+        attn[i, pw - p:pw + r] = 1
+        if r:
+            ids[i, pw:pw + r] = torch.tensor(s.response_ids, dtype=torch.long)
+            rmask[i, :r] = torch.tensor(s.response_mask, dtype=torch.float32)
+    pix = [t for s in seqs for t in s.pixel_values]
+    grid = [t for s in seqs for t in s.image_grid_thw]
+    return TokenBatch(ids, attn, ids[:, pw:], rmask, pw, torch.cat(pix) if pix else None,
+                      torch.cat(grid) if grid else None)
+
+
+def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder) -> torch.Tensor:
+    """``[B, R]`` log-probabilities of the response tokens under ``model`` (float32)."""
+    device = next(model.parameters()).device
+    kwargs = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.attention_mask.to(device)}
+    rw = batch.response_ids.shape[1]
+    if batch.pixel_values is not None:
+        kwargs.update(pixel_values=batch.pixel_values.to(device, model.dtype),
+                      image_grid_thw=batch.image_grid_thw.to(device),
+                      mm_token_type_ids=mm_token_type_ids(batch.input_ids, encoder.image_pad_id()).to(device))
+    else:
+        pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs["position_ids"] = pos.to(device)
+    logits = model(**kwargs, logits_to_keep=rw + 1, use_cache=False).logits[:, :-1].float()
+    targets = batch.response_ids.to(device)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp  # padding positions hold junk; callers multiply by response_mask
+
+
+def micro_batches(n: int, size: int) -> list[slice]:
+    """``[slice(0, size), slice(size, 2 * size), ...]`` covering ``n`` rows.
+
+    >>> micro_batches(5, 2)
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
+    """
+    if size < 1:
+        raise ValueError(f"expected a micro-batch size >= 1, got {size!r}")
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def gold_answer_sequence(traj, prompt, encoder: ChatEncoder, gold_text: str) -> Sequence_ | None:
+    """GRASP's SFT input: the rollout up to its final turn's reasoning (context, mask 0), then
+    ``gold_text`` and end-of-turn (mask 1). The reasoning is the final turn's text before its
+    answer (``\\boxed{``/``<answer>``); a final turn without an answer keeps no reasoning."""
+    if not traj.turn_starts:
+        return None
+    last = traj.turn_starts[-1]
+    final = traj.turn_texts[-1] if traj.turn_texts else ""
+    cuts = [c for c in (final.find("\\boxed"), final.find("<answer>")) if c >= 0]
+    reasoning = final[:min(cuts)] if cuts and traj.end_reason == "answer" else ""
+    tok = encoder.tokenizer
+    ctx = list(traj.response_ids[:last]) + (tok(reasoning, add_special_tokens=False)["input_ids"] if reasoning else [])
+    gold = tok(gold_text, add_special_tokens=False)["input_ids"] + [encoder.eos_token_id]
+    pix = ([prompt.pixel_values] if prompt.pixel_values is not None else []) + list(traj.pixel_values)
+    grid = ([prompt.image_grid_thw] if prompt.image_grid_thw is not None else []) + list(traj.image_grid_thw)
+    return Sequence_(list(traj.prompt_ids), ctx + gold, [0] * len(ctx) + [1] * len(gold), pix, grid)

@@ -1,0 +1,170 @@
+"""SFT warm start on gold trajectories (seed 000 §3.1), built by playing the env with a script.
+
+    python -m train.sft --policy smollm2 --steps 20 --out runs/sft
+
+A gold trajectory is what a competent agent would do: one tool call chosen from the question and
+the available tools (:func:`gold_tool_call`), the env's real tool output, then the gold answer
+boxed. Only the model's turns are trained (cross-entropy); observations are context. The result,
+``<out>/final``, is an HF folder :mod:`train.grpo` starts from (``--policy <out>/final``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from medvqa_env.chat import Conversation
+from medvqa_env.datasets import load_dataset
+from medvqa_env.records import VQARecord
+from train.algorithms import sft_loss
+from train.batching import from_trajectory, micro_batches, pad_batch, response_logprobs
+from train.common import (SHORT_SYSTEM_PROMPT, build_policy, count_trainable, env_kwargs, evaluate_heldout,
+                          parse_args, save_policy, select_indices)
+from train.env_pool import LocalEnvPool
+from train.metrics_log import MetricsLogger
+from train.rollout import ScriptedGenerator, collect_rollouts
+
+MODALITIES = ["CT", "MRI", "X-Ray", "Ultrasound"]
+
+
+@dataclass
+class Args:
+    """Supervised warm start on scripted gold trajectories."""
+
+    out: str = "runs/sft"
+    """output folder (metrics.jsonl, final/)"""
+    seed: int = 0
+    """seed for sampling questions"""
+    policy: str = "smollm2"
+    """model to fine-tune (see agents.models.load_policy)"""
+    system_prompt: str | None = SHORT_SYSTEM_PROMPT
+    """system prompt (must match the one GRPO uses)"""
+    train_layers: int = 0
+    """train only the top k decoder blocks (0 = all)"""
+    lora_rank: int = 0
+    """LoRA rank (0 = no LoRA)"""
+    dataset: str = "embedded"
+    """dataset name"""
+    split: str = "train"
+    """split to build gold trajectories from"""
+    eval_split: str = "test"
+    """held-out split"""
+    answer_types: str = "CLOSED,MCQ"
+    """question types to use"""
+    tools: str = "ground=oracle"
+    """tools as name[=engine],..."""
+    max_turns: int = 1
+    """tool turns per episode"""
+    batch_size: int = 8
+    """trajectories per step"""
+    steps: int = 20
+    """optimiser steps"""
+    lr: float = 5e-5
+    """AdamW learning rate"""
+    micro_batch: int = 8
+    """sequences per forward/backward"""
+    eval_size: int = 64
+    """held-out questions evaluated before and after"""
+    eval_every: int = 0
+    """also evaluate every k steps (0 = only before and after)"""
+    max_new_tokens: int = 40
+    """tokens per turn at evaluation"""
+    torch_threads: int = 1
+    """torch CPU threads"""
+    tensorboard: bool = False
+    """also log to TensorBoard"""
+
+
+def gold_tool_call(record: VQARecord, tools: list[str]) -> str | None:
+    """A sensible first tool call for ``record`` (``None`` = answer directly): ``ground`` for
+    lesion questions, ``classify`` over modalities for modality questions, ``image_zoom_in`` on
+    the first annotated box whose label the question names."""
+    q = record.question.lower()
+    if "ground" in tools and "lesion" in q:
+        return '<tool_call>{"name": "ground", "arguments": {"text": "lesion"}}</tool_call>'
+    if "classify" in tools and "modality" in q:
+        return '<tool_call>{"name": "classify", "arguments": {"labels": ' + json.dumps(MODALITIES) + "}}</tool_call>"
+    if "image_zoom_in" in tools:
+        for b in record.annotations.boxes:
+            if b.label.lower() in q:
+                box = [int(v) for v in b.bbox]
+                return '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": ' + json.dumps(box) + "}}</tool_call>"
+    return None
+
+
+def gold_script(dataset, tools: list[str]) -> Callable[[Conversation], str]:
+    """The scripted agent: first turn the gold tool call (if any), then ``\\boxed{gold}``."""
+    def script(conv: Conversation) -> str:
+        record = dataset[dataset.index_of(conv.info["record_id"])]
+        call = gold_tool_call(record, tools) if conv.turns == 0 else None
+        return call if call else f"\\boxed{{{record.answer}}}"
+    return script
+
+
+def main(args: Args) -> dict[str, float]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(args.torch_threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # ---- data and envs --------------------------------------------------------------------
+    kwargs = env_kwargs(args.dataset, args.split, args.tools, args.max_turns)
+    dataset = load_dataset(args.dataset, split=args.split)
+    train_idx = select_indices(args.dataset, args.split, args.answer_types)
+    eval_idx = select_indices(args.dataset, args.eval_split, args.answer_types, limit=args.eval_size)
+    pool = LocalEnvPool(kwargs, size=args.batch_size)
+    eval_pool = LocalEnvPool(env_kwargs(args.dataset, args.eval_split, args.tools, args.max_turns),
+                             size=min(32, len(eval_idx)))
+
+    # ---- policy ---------------------------------------------------------------------------
+    model, encoder, kind, _ = build_policy(args.policy, args.system_prompt, args.train_layers, args.lora_rank,
+                                           args.seed, need_reference=False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    script = ScriptedGenerator(encoder, gold_script(dataset, list(pool.envs[0].toolbox.names)))
+    logger = MetricsLogger(out, tensorboard=args.tensorboard)
+    (out / "args.json").write_text(json.dumps(asdict(args), indent=1))
+    trainable, total = count_trainable(model)
+    print(f"SFT {args.policy} ({kind}): {trainable:,} of {total:,} parameters train")
+    logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
+
+    # ---- loop -----------------------------------------------------------------------------
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    order = rng.permutation(train_idx)
+    for step in range(args.steps):
+        chosen = [order[(step * args.batch_size + k) % len(order)] for k in range(args.batch_size)]
+        batch = collect_rollouts(script, pool, encoder, [(args.seed, {"index": int(i)}) for i in chosen])
+        seqs = [from_trajectory(t, p) for t, p in zip(batch.trajectories, batch.prompts)]
+        total_loss = 0.0
+        for sl in micro_batches(len(seqs), args.micro_batch):
+            mb = pad_batch(seqs[sl], encoder.pad_token_id)
+            loss = sft_loss(response_logprobs(model, mb, encoder), mb.response_mask) * (len(mb) / len(seqs))
+            loss.backward()
+            total_loss += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        metrics = {"losses/sft": total_loss, "rollout/reward_mean": float(batch.rewards.mean()),
+                   "time/wall_s": time.perf_counter() - t_start}
+        if step + 1 == args.steps or (args.eval_every and (step + 1) % args.eval_every == 0):
+            metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
+        logger.log(step + 1, metrics)
+        print(f"sft step {step + 1}/{args.steps} loss {total_loss:.3f} ({metrics['time/wall_s']:.0f}s)", flush=True)
+
+    save_policy(model, encoder, out / "final")
+    logger.close()
+    pool.close()
+    eval_pool.close()
+    return metrics
+
+
+if __name__ == "__main__":
+    main(parse_args(Args))

@@ -1,0 +1,196 @@
+"""``TextLLMAgent``: a text-only chat LLM (SmolLM2-135M-Instruct here) as a MedVQA agent.
+
+It cannot see pixels: each image becomes the text ``[image i]`` and tool results arrive as the
+tools' text (zoom regions, segmentation areas, detections, class scores). That makes it the
+"tools as text" ablation and a cheap, real model for exercising the whole loop on a CPU.
+
+Prompts are rendered with the tokenizer's own chat template, with the tools' schemas passed as
+``tools=``. When the template renders those schemas itself (Qwen, Llama 3.1, Hermes templates),
+the env's system prompt is swapped for a tool-free one so the schemas are not shown twice; when
+it ignores them (SmolLM2's template) the env's system prompt, which lists them, is kept.
+Generation is batched (left padding) with the sampling settings given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from agents.base import Agent
+from medvqa_env.chat import Conversation
+from medvqa_env.errors import ConfigError
+
+TOOL_FREE_SYSTEM = (
+    "You are a medical imaging assistant answering questions about radiology and pathology images. "
+    "You may call the tools you are given to inspect the images; their results come back in the next "
+    "message. Images are numbered in the order they appear (image 0 is the original).\n\n{instruction}"
+)
+
+
+class TextLLMAgent(Agent):
+    """A causal LM with a chat template, generating one turn per conversation, batched.
+
+    Args:
+        model: ``"smollm2"`` (the packaged SmolLM2-135M-Instruct), a local checkpoint folder, or an
+            already loaded model (then pass ``tokenizer``).
+        tokenizer: the tokenizer when ``model`` is a loaded model.
+        max_new_tokens, temperature, top_p, top_k, repetition_penalty: sampling settings
+            (``temperature=0`` is greedy).
+        batch_size: conversations per ``generate`` call.
+        seed: each ``act_batch`` call seeds torch with ``seed + call number`` (reproducible runs).
+        system_prompt: replaces the system prompt entirely when given.
+        max_prompt_tokens: longer prompts keep their system turn and their most recent tokens.
+    """
+
+    name = "text-llm"
+    image_text = "[image {index}]"
+
+    def __init__(self, model: Any = "smollm2", tokenizer: Any = None, max_new_tokens: int = 128,
+                 temperature: float = 0.7, top_p: float = 0.9, top_k: int | None = None,
+                 repetition_penalty: float | None = None, batch_size: int = 8, seed: int = 0,
+                 system_prompt: str | None = None, max_prompt_tokens: int = 4096, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        if max_new_tokens < 1 or batch_size < 1 or temperature < 0:
+            raise ValueError(f"expected max_new_tokens >= 1, batch_size >= 1, temperature >= 0, got "
+                             f"{max_new_tokens!r}, {batch_size!r}, {temperature!r}")
+        self.model_name = model if isinstance(model, str) else type(model).__name__
+        self.model, self.tokenizer = self._load(model, tokenizer, dtype, device)
+        self.model.eval()
+        self.device = device
+        self.sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
+                         "top_p": float(top_p), "top_k": top_k, "repetition_penalty": repetition_penalty}
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        self.system_prompt = system_prompt
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self._calls = 0
+        self._template_renders_tools: bool | None = None
+
+    # ---- loading ------------------------------------------------------------------------------
+    def _load(self, model: Any, tokenizer: Any, dtype: torch.dtype, device: str):
+        if not isinstance(model, str):
+            if tokenizer is None:
+                raise ConfigError("expected tokenizer= together with a loaded model")
+            return model.to(device), tokenizer
+        from agents.models import load_policy
+
+        loaded, encoder, kind = load_policy(model, dtype=dtype, device=device)
+        if kind != "text":
+            raise ConfigError(f"expected a text-only causal LM for {self.name!r}, got a {kind} model from {model!r}; "
+                              "use the 'vlm' agent for vision-language models")
+        return loaded, encoder.tokenizer
+
+    # ---- prompts -------------------------------------------------------------------------------
+    def _image_token(self, index: int) -> str:
+        return self.image_text.format(index=index)
+
+    def chat_messages(self, conversation: Conversation) -> list[dict[str, str]]:
+        """String-content messages (images as :attr:`image_text`), tool turns as user turns."""
+        out = []
+        for m in conversation.messages:
+            content = m["content"]
+            if m["role"] == "tool" and m.get("images"):
+                content = [{"type": "image", "image_index": i} for i in m["images"]] + [{"type": "text", "text": content}]
+            if isinstance(content, list):
+                content = "\n".join(self._image_token(p["image_index"]) if p.get("type") == "image"
+                                    else p.get("text", "") for p in content)
+            role = "user" if m["role"] == "tool" else m["role"]
+            out.append({"role": role, "content": content})
+        return out
+
+    def render(self, conversation: Conversation) -> str:
+        """The prompt text for ``conversation`` (chat template, ``tools=``, generation prompt)."""
+        messages = self.chat_messages(conversation)
+        tools = list(conversation.info.get("tools") or []) or None
+        if messages and messages[0]["role"] == "system":
+            if self.system_prompt is not None:
+                messages[0] = {"role": "system", "content": self.system_prompt}
+            elif tools and self._renders_tools(tools):
+                messages[0] = {"role": "system", "content": _tool_free_system(conversation)}
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        # No template (a bare base model): ChatML, which SmolLM2 and Qwen both use.
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + "<|im_start|>assistant\n"
+
+    def _renders_tools(self, tools: list[dict[str, Any]]) -> bool:
+        if self._template_renders_tools is None:
+            if not getattr(self.tokenizer, "chat_template", None):
+                self._template_renders_tools = False
+            else:
+                probe = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+                with_tools = self.tokenizer.apply_chat_template(probe, tools=tools, tokenize=False)
+                self._template_renders_tools = with_tools != self.tokenizer.apply_chat_template(probe, tokenize=False)
+        return self._template_renders_tools
+
+    def encode(self, conversations: Sequence[Conversation]) -> dict[str, torch.Tensor]:
+        """Left-padded ``input_ids`` / ``attention_mask`` for a batch."""
+        rows = [self._truncate(self.tokenizer(self.render(c), add_special_tokens=False)["input_ids"])
+                for c in conversations]
+        return _left_pad(rows, self._pad_id())
+
+    def _truncate(self, ids: list[int]) -> list[int]:
+        if len(ids) <= self.max_prompt_tokens:
+            return ids
+        # keep the first turn (system + question) and the most recent context
+        head = self.max_prompt_tokens // 2
+        return ids[:head] + ids[len(ids) - (self.max_prompt_tokens - head):]
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return self.tokenizer.eos_token_id if pad is None else pad
+
+    # ---- generation ----------------------------------------------------------------------------
+    def generation_kwargs(self) -> dict[str, Any]:
+        s = self.sampling
+        kwargs: dict[str, Any] = {"max_new_tokens": s["max_new_tokens"], "pad_token_id": self._pad_id()}
+        eos = self.model.generation_config.eos_token_id
+        kwargs["eos_token_id"] = eos if eos is not None else self.tokenizer.eos_token_id
+        if s["temperature"] > 0:
+            kwargs.update(do_sample=True, temperature=s["temperature"], top_p=s["top_p"])
+            if s["top_k"] is not None:
+                kwargs["top_k"] = int(s["top_k"])
+        else:
+            kwargs["do_sample"] = False
+        if s["repetition_penalty"] is not None:
+            kwargs["repetition_penalty"] = float(s["repetition_penalty"])
+        return kwargs
+
+    def act_batch(self, conversations: Sequence[Conversation]) -> list[str]:
+        self._calls += 1
+        torch.manual_seed(self.seed + self._calls)
+        out: list[str] = []
+        for start in range(0, len(conversations), self.batch_size):
+            chunk = conversations[start:start + self.batch_size]
+            inputs = {k: v.to(self.device) for k, v in self.encode(chunk).items()}
+            with torch.inference_mode():
+                generated = self.model.generate(**inputs, **self.generation_kwargs())
+            new = generated[:, inputs["input_ids"].shape[1]:]
+            out.extend(self.tokenizer.decode(row, skip_special_tokens=True).strip() for row in new)
+        return out
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model_name, "batch_size": self.batch_size, "seed": self.seed,
+                **{k: v for k, v in self.sampling.items() if v is not None}}
+
+
+def _left_pad(rows: Sequence[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad token rows into ``input_ids`` and ``attention_mask``.
+
+    >>> _left_pad([[5, 6], [7]], 0)["input_ids"].tolist()
+    [[5, 6], [0, 7]]
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _tool_free_system(conversation: Conversation) -> str:
+    from agents.baselines import answer_protocol_of
+    from medvqa_env.parser import get_answer_protocol
+
+    return TOOL_FREE_SYSTEM.format(instruction=get_answer_protocol(answer_protocol_of(conversation)).instruction)

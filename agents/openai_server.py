@@ -186,9 +186,8 @@ def build_app(chat: ChatModel, api_key: str | None = None):
 
 
 class ServerProcess:
-    """``python -m agents.openai_server`` in a child process on a free loopback port.
-
-    >>> # with ServerProcess() as srv: httpx.get(srv.url + "/v1/models")      # doctest: +SKIP
+    """``python -m agents.openai_server`` in a child process on a free loopback port; waits
+    until ``/health`` answers. Use as ``with ServerProcess() as srv: httpx.get(srv.url + "/v1/models")``.
     """
 
     def __init__(self, model: str | None = None, served_name: str | None = None, api_key_env: str | None = None,
@@ -266,8 +265,6 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.torch_threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    path = args.model or smollm2_folder()
-    name = args.served_name or (DEFAULT_NAME if args.model is None else Path(args.model).name)
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -277,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if api_key is None and not is_loopback(args.host):
         raise SystemExit(f"refusing to serve on {args.host!r} without --api-key-env (or bind 127.0.0.1)")
+    path = args.model or smollm2_folder()
+    name = args.served_name or (DEFAULT_NAME if args.model is None else Path(args.model).name)
     import uvicorn
 
     uvicorn.run(build_app(ChatModel(path, name, args.device), api_key), host=args.host, port=args.port,

@@ -136,8 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tool_backends.router import create_router_app, parse_upstreams
             from tool_backends.server import serve
 
+            from tool_backends.server import check_settings
+
             upstreams = parse_upstreams(args.upstream)
-            app = create_router_app(upstreams, _settings(args), timeout_s=args.timeout_s,
+            settings = _settings(args)
+            check_settings(settings)  # refuse an open bind before waiting on any upstream
+            app = create_router_app(upstreams, settings, timeout_s=args.timeout_s,
                                     token_env=args.upstream_token_env, wait_s=args.wait_s)
             print(f"medvqa-tools: routing {sorted(upstreams)} on http://{args.host}:{args.port}", flush=True)
             serve(app, args.host, args.port, args.log_level)

@@ -1,35 +1,14 @@
-"""Fixtures for the hardening tests: real tool-server subprocesses on free loopback ports.
-
-The process helper lives in ``benchmarks/bench_load.py`` (the load benchmark and the soak use it
-too); it is loaded from its file because ``benchmarks`` is not a package.
-"""
+"""Fixtures for the hardening tests: real tool-server subprocesses on free loopback ports."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_bench():
-    name = "bench_load"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "bench_load.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_load = _load_bench()
-ServerProcess = bench_load.ServerProcess
+sys.path.insert(0, str(Path(__file__).parent))  # conftest may load before pytest adds this folder
+from hardening_helpers import InThreadServer, ServerProcess  # noqa: E402
 
 
 @pytest.fixture
@@ -59,35 +38,6 @@ def tool_server(tmp_path_factory):
     proc.image_root = root
     yield proc
     proc.close()
-
-
-class InThreadServer:
-    """A uvicorn server for an app built in this process (for settings the CLI does not expose)."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        self.port = bench_load.free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    access_log=False))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("in-thread uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture

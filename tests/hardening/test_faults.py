@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from hardening_helpers import REPO
 
 TIMEOUT_S = 2.0  # the client deadline under test
 SLACK_S = 8.0  # generous: this guards "returns within the deadline", not speed

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from conftest import bench_load
+from hardening_helpers import bench_load
 
 MiB = 1024 * 1024
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from hardening_helpers import REPO
 
 SECRET = "sk-hardening-7f3a9c-DO-NOT-LEAK"
 TOOL_SECRET = "tok-hardening-51be0d-DO-NOT-LEAK"

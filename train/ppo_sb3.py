@@ -1,0 +1,210 @@
+"""PPO (Stable-Baselines3) on MedVQAEnv through :class:`agents.sb3_wrapper.DiscreteMedVQA`.
+
+Classic RL as a sanity baseline: a small CNN + MLP policy picks zoom cells and answers from a
+fixed vocabulary; it reads the image and a hashed bag of the question's words. It trains on the
+train split and reports accuracy on held-out questions before and after training.
+
+    python -m train.ppo_sb3 --total-timesteps 12288            # embedded default dataset
+    python -m train.ppo_sb3 --dataset vqa_rad --dataset-root ../shared/data/vqa_rad
+
+Reads top to bottom: config -> env factory -> evaluation -> train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Args:
+    dataset: str = "embedded"
+    """dataset name for medvqa_env.datasets.load_dataset ("embedded" is MedVQAEnv()'s default)"""
+    dataset_root: str | None = None
+    """``root=`` for loaders that need one (e.g. vqa_rad)"""
+    train_split: str = "train"
+    """split PPO trains on (and the answer vocabulary is learned from)"""
+    eval_split: str = "test"
+    """held-out split for the before/after accuracy"""
+    eval_episodes: int = 200
+    """held-out questions evaluated (the first n of the split; 0 = all)"""
+    total_timesteps: int = 12_288
+    """env steps of PPO training (one step = one tool call or answer)"""
+    n_envs: int = 4
+    """parallel envs (DummyVecEnv: same process)"""
+    n_steps: int = 256
+    """rollout length per env per PPO update"""
+    batch_size: int = 256
+    """PPO minibatch size"""
+    n_epochs: int = 4
+    """PPO epochs per update"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    ent_coef: float = 0.01
+    """entropy bonus"""
+    gamma: float = 0.99
+    """discount (episodes are 1-4 steps long)"""
+    reward: str = "rule"
+    """"rule": ±1 by answer type (fast); "default": the env's default reward (ARMed for OPEN)"""
+    max_turns: int = 2
+    """tool turns allowed per episode"""
+    image_size: int = 64
+    """side of the grey image observation"""
+    n_open_answers: int = 32
+    """open answers in the action vocabulary (most common in the train split)"""
+    seed: int = 0
+    """seed for PPO and the envs"""
+    torch_threads: int = 1
+    """torch CPU threads (1 is fastest for this tiny policy on a shared machine)"""
+    out: str | None = None
+    """write the figures as JSON here"""
+
+
+# ----------------------------------------------------------------------------------------------
+# Env factory
+# ----------------------------------------------------------------------------------------------
+def load_split(args: Args, split: str):
+    from medvqa_env.datasets import load_dataset
+
+    options = {"root": args.dataset_root} if args.dataset_root else {}
+    return load_dataset(args.dataset, split=split, **options)
+
+
+def make_env(args: Args, dataset, answers: list[str]):
+    from agents.sb3_wrapper import DiscreteMedVQA
+    from medvqa_env.env import MedVQAEnv
+
+    reward = None
+    if args.reward == "rule":
+        from rewards import RuleReward
+
+        reward = RuleReward()
+    elif args.reward != "default":
+        raise ValueError(f"expected reward 'rule' or 'default', got {args.reward!r}")
+    env = MedVQAEnv(dataset=dataset, reward=reward, max_turns=args.max_turns)
+    return DiscreteMedVQA(env, answers=answers, image_size=args.image_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation: greedy policy on held-out questions, one episode each
+# ----------------------------------------------------------------------------------------------
+def evaluate(policy, env, n: int) -> dict[str, float]:
+    """``policy(obs) -> action``; returns accuracy, mean reward, tool calls per episode, n."""
+    total = len(env.unwrapped.dataset) if n <= 0 else min(n, len(env.unwrapped.dataset))
+    correct, rewards, tool_steps = [], [], 0
+    by_type: dict[str, list[bool]] = {}
+    for i in range(total):
+        obs, _ = env.reset(options={"index": i})
+        done = False
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(policy(obs))
+            done = terminated or truncated
+            tool_steps += int(not done)
+        correct.append(bool(info.get("correct")))
+        by_type.setdefault(str(info.get("answer_type")), []).append(correct[-1])
+        rewards.append(reward)
+    return {"accuracy": float(np.mean(correct)), "mean_reward": float(np.mean(rewards)),
+            "tool_calls_per_episode": tool_steps / total, "n": total,
+            "accuracy_by_type": {k: float(np.mean(v)) for k, v in sorted(by_type.items())}}
+
+
+def sb3_policy(model):
+    return lambda obs: int(model.predict(obs, deterministic=True)[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Train
+# ----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agents.baselines import AnswerPriorAgent
+    from agents.sb3_wrapper import answer_vocabulary
+
+    torch.set_num_threads(args.torch_threads)
+    train_set, eval_set = load_split(args, args.train_split), load_split(args, args.eval_split)
+    answers = answer_vocabulary(train_set, args.n_open_answers)
+    vec_env = DummyVecEnv([lambda: make_env(args, train_set, answers) for _ in range(args.n_envs)])
+    vec_env.seed(args.seed)
+    eval_env = make_env(args, eval_set, answers)
+
+    model = PPO("MultiInputPolicy", vec_env, n_steps=args.n_steps, batch_size=args.batch_size,
+                n_epochs=args.n_epochs, learning_rate=args.learning_rate, ent_coef=args.ent_coef,
+                gamma=args.gamma, seed=args.seed, verbose=0, device="cpu")
+    before = evaluate(sb3_policy(model), eval_env, args.eval_episodes)
+
+    start = time.perf_counter()
+    model.learn(total_timesteps=args.total_timesteps)
+    train_s = time.perf_counter() - start
+    after = evaluate(sb3_policy(model), eval_env, args.eval_episodes)
+
+    # The answer prior on the same held-out questions, for scale (a blind, dataset-bias baseline).
+    prior = AnswerPriorAgent().fit(train_set)
+    prior_acc = _prior_accuracy(prior, eval_set, before["n"], args)
+
+    result = {"args": asdict(args), "train_questions": len(train_set), "eval_questions": before["n"],
+              "actions": int(vec_env.action_space.n), "before": before, "after": after,
+              "answer_prior_accuracy": prior_acc, "train_seconds": round(train_s, 1)}
+    print(report(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    vec_env.close()
+    eval_env.close()
+    return result
+
+
+def _prior_accuracy(prior, dataset, n: int, args: Args) -> float:
+    from agents.baselines import normalize_answer
+    from medvqa_env.records import AnswerType
+
+    hits = []
+    for record in list(dataset)[:n]:
+        guess = prior.predict(record.answer_type.value, record.question, record.options)
+        truth = record.answer.strip().upper() if record.answer_type is AnswerType.MCQ else normalize_answer(record.answer)
+        hits.append(guess == truth)
+    return float(np.mean(hits))
+
+
+def report(result: dict[str, Any]) -> str:
+    b, a = result["before"], result["after"]
+    lines = [
+        "| policy | held-out accuracy | by answer type | mean reward | tool calls / episode |",
+        "|---|---|---|---|---|",
+        f"| PPO, before training (random init) | {b['accuracy']:.3f} | {_types(b)} | {b['mean_reward']:+.3f} | "
+        f"{b['tool_calls_per_episode']:.2f} |",
+        f"| PPO, after {result['args']['total_timesteps']} steps ({result['train_seconds']} s) | "
+        f"{a['accuracy']:.3f} | {_types(a)} | {a['mean_reward']:+.3f} | {a['tool_calls_per_episode']:.2f} |",
+        f"| answer prior (no image, for scale) | {result['answer_prior_accuracy']:.3f} | | | 0 |",
+    ]
+    head = (f"dataset {result['args']['dataset']}: {result['train_questions']} train questions, "
+            f"{result['eval_questions']} held-out, {result['actions']} actions")
+    return head + "\n\n" + "\n".join(lines)
+
+
+def _types(figures: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in figures["accuracy_by_type"].items())
+
+
+def parse_args(argv: list[str] | None) -> Args:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for f in fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        parser.add_argument(flag, type=kind, default=f.default)
+    return Args(**vars(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,7 @@ time (nltk BLEU-1, rouge-score, ``bert_score.BERTScorer.score([c], [r])``,
 ``ARMedReward()(batch)`` with empty text caches and fresh threshold buffers, models loaded beforehand on
 both sides. A third row makes every candidate text unique (no reuse of identical answers).
 
-    python benchmarks/bench_rewards.py [--quick]
+    python benchmarks/bench_rewards.py [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def naive_scores(batch, scorer, st):
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (smoke test)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for both sides (default: torch's own choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads for both sides (default 1: on a shared 2-core machine two "
+                        "OpenMP threads collapse; 0 = torch's own choice)")
     args = p.parse_args(argv)
     import torch
 

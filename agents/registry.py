@@ -67,30 +67,34 @@ def build_agent(name: str, **options: Any) -> Agent:
         raise ConfigError(f"bad options for agent {name!r}: {e}") from None
 
 
-def _load_dataset(value: Any, what: str):
+def _load_dataset(value: Any, what: str, split: str):
+    """A dataset, ``{"name": ..., "split": ..., **loader options}``, or ``"name"`` / ``"name:split"``
+    (the forms a command line can pass)."""
+    from medvqa_env.datasets import load_dataset
     from medvqa_env.records import VQADataset
 
     if isinstance(value, VQADataset):
         return value
     if isinstance(value, dict):
-        from medvqa_env.datasets import load_dataset
-
-        return load_dataset(**value)
-    raise ConfigError(f"expected {what} to be a VQADataset or a load_dataset kwargs dict, got {value!r}")
+        return load_dataset(**{"split": split, **value})
+    if isinstance(value, str) and value:
+        name, _, chosen = value.partition(":")
+        return load_dataset(name, split=chosen or split)
+    raise ConfigError(f"expected {what} to be a VQADataset, a load_dataset kwargs dict or 'name[:split]', got {value!r}")
 
 
 def _build_prior(fit_on: Any = None, **options: Any) -> Agent:
     from agents.baselines import AnswerPriorAgent
 
     agent = AnswerPriorAgent(**options)
-    return agent.fit(_load_dataset(fit_on, "fit_on")) if fit_on is not None else agent
+    return agent.fit(_load_dataset(fit_on, "fit_on", "train")) if fit_on is not None else agent
 
 
 def _build_tool_then_answer(fit_on: Any = None, **options: Any) -> Agent:
     from agents.baselines import ToolThenAnswerAgent
 
     agent = ToolThenAnswerAgent(**options)
-    return agent.fit(_load_dataset(fit_on, "fit_on")) if fit_on is not None else agent
+    return agent.fit(_load_dataset(fit_on, "fit_on", "train")) if fit_on is not None else agent
 
 
 def _build_oracle(dataset: Any = None, **options: Any) -> Agent:
@@ -98,4 +102,4 @@ def _build_oracle(dataset: Any = None, **options: Any) -> Agent:
 
     if dataset is None:
         raise ConfigError("the 'oracle' agent needs dataset= (the VQADataset it reads answers from)")
-    return OracleAgent(_load_dataset(dataset, "dataset"), **options)
+    return OracleAgent(_load_dataset(dataset, "dataset", "test"), **options)

@@ -115,3 +115,12 @@ def test_registry_builds_by_name_and_fails_helpfully(tiny_annotated):
         build_agent("oracle")
     with pytest.raises(ConfigError, match="bad options for agent 'random'"):
         build_agent("random", temperature=2)
+
+
+def test_registry_loads_datasets_from_command_line_forms():
+    prior = build_agent("prior", fit_on="embedded")  # the embedded train split
+    assert prior.fitted_on.startswith("embedded (n=")
+    oracle = build_agent("oracle", dataset="embedded:val")
+    assert oracle.dataset[0].split == "val"
+    with pytest.raises(ConfigError, match="name\\[:split\\]"):
+        build_agent("oracle", dataset=3)

@@ -3,8 +3,11 @@
 The agent (``eval.scripted.ScriptedAgent``) zooms once and answers, costing nothing, so the figures
 are the harness's own: image loading, the env, the zoom tool, the rule reward, scoring, JSONL
 appends with fsync. Baseline: every env in the main process (``--workers 0``); then 1 and 2 env
-worker processes. "CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds.
-Open-answer metrics are off (their encoder cost is measured in ``bench_rewards.py``).
+worker processes; then the same with the agent sleeping 50 ms per ``act_batch`` call (a stand-in
+for a batched model), where worker processes step envs while the agent "thinks".
+"CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds.
+Open-answer metrics are off except in the last group, the default evaluation setup, where each
+process scores its finished OPEN episodes with the MiniLM encoder.
 
     python benchmarks/bench_eval.py [--quick] [--vqa-rad ../shared/data/vqa_rad]
 """
@@ -31,12 +34,14 @@ def _dataset(vqa_rad: str | None, limit: int):
     return load_dataset("embedded", split="test")[:limit]
 
 
-def measure(dataset, workers: int, k: int, batch_size: int) -> dict[str, float]:
+def measure(dataset, workers: int, k: int, batch_size: int, delay_s: float = 0.0, gather: str = "all",
+            open_metrics: bool = False) -> dict[str, float]:
     """One full run into a fresh folder; wall time includes starting the workers."""
     before = os.times()
     with tempfile.TemporaryDirectory() as out:
-        cfg = EvalConfig(k=k, workers=workers, batch_size=batch_size, progress=False, open_metrics=False)
-        agent = ScriptedAgent()
+        cfg = EvalConfig(k=k, workers=workers, batch_size=batch_size, progress=False, open_metrics=open_metrics,
+                         gather=gather)
+        agent = ScriptedAgent(delay_s=delay_s)
         t0 = time.perf_counter()
         rows = Runner(agent, dataset, cfg, out).run()
         wall = time.perf_counter() - t0
@@ -58,25 +63,37 @@ def main(argv: list[str] | None = None) -> str:
     k = args.k or k
     dataset = _dataset(args.vqa_rad, limit)
     batch = 32
-    runs = [("serial: envs in the main process (baseline)", 0), ("1 env worker process", 1),
-            ("2 env worker processes", 2)]
-    results = [(name, measure(dataset, w, k, batch)) for name, w in runs]
-    base = results[0][1]["eps"]
+    runs = [  # (name, workers, agent delay, gather, open metrics); ratios are to the first row of a group
+        [("serial: envs in the main process (baseline)", 0, 0.0, "all", False),
+         ("1 env worker process", 1, 0.0, "all", False),
+         ("2 env worker processes", 2, 0.0, "all", False),
+         ("2 env worker processes, gather=any", 2, 0.0, "any", False)],
+        [("serial, agent sleeping 50 ms per act_batch (a model stand-in)", 0, 0.05, "all", False),
+         ("2 env worker processes, agent sleeping 50 ms per act_batch", 2, 0.05, "all", False)],
+        [("serial, open-answer metrics on (MiniLM BERTScore + CosSim)", 0, 0.0, "all", True),
+         ("2 env worker processes, open-answer metrics on", 2, 0.0, "all", True)],
+    ]
+    results = [[(name, measure(dataset, w, k, batch, delay, gather, om)) for name, w, delay, gather, om in group]
+               for group in runs]
     load = os.getloadavg()[0]
     lines = [
-        "## Evaluation harness throughput (zero-cost scripted agent)",
+        "## Evaluation harness throughput (scripted agent)",
         "",
         f"`python benchmarks/bench_eval.py{' --quick' if args.quick else ''}` — {len(dataset)} {dataset.name} "
         f"questions × K={k} = {len(dataset) * k} episodes per row, batch of {batch} live episodes, zoom then "
-        f"answer, rule reward, fsync per row, open metrics off; wall time includes worker start-up. "
-        f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end (the machine is shared).",
+        f"answer, rule reward, fsync per loop iteration; wall time includes worker start-up (and, with open "
+        f"metrics, loading the encoder in each process). "
+        f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end (the machine is shared: other jobs "
+        f"compete for the same cores). Ratios compare rows with the same agent cost.",
         "",
         "| setup | episodes/s | ratio to serial | CPU cores busy | mean act_batch size | errors |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, r in results:
-        lines.append(f"| {name} | {r['eps']:.1f} | {r['eps'] / base:.2f} | {r['cores']:.2f} | "
-                     f"{r['mean_batch']:.1f} | {r['errors']} |")
+    for group in results:
+        base = group[0][1]["eps"]
+        for name, r in group:
+            lines.append(f"| {name} | {r['eps']:.1f} | {r['eps'] / base:.2f} | {r['cores']:.2f} | "
+                         f"{r['mean_batch']:.1f} | {r['errors']} |")
     lines.append("")
     section = "\n".join(lines)
     print(section)

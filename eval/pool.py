@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -185,6 +186,30 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: int) -> None:
     worker.close()
 
 
+def _widen_socket_buffers(conn: Connection, size: int = 8 << 20) -> None:
+    """Results carry images (VQA-RAD: ~2 MB each); with the default ~200 KB socket buffers a
+    message takes dozens of read/write round trips between the processes. Best effort."""
+    import socket
+
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return
+    try:
+        for force, plain in ((getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF),
+                             (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF)):
+            for opt in (force, plain):
+                if opt is None:
+                    continue
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                    break
+                except OSError:
+                    continue
+    finally:
+        sock.close()
+
+
 class EnvPool:
     """``workers`` env workers with ``slots`` envs each; ``workers=0`` runs one worker in-process.
 
@@ -216,6 +241,8 @@ class EnvPool:
 
     def _start(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
+        for conn in (parent, child):
+            _widen_socket_buffers(conn)
         proc = self._ctx.Process(target=_worker_main, args=(child, self.spec, self.slots), daemon=True,
                                  name=f"medvqa-eval-env-{w}")
         proc.start()

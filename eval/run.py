@@ -98,6 +98,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="env worker processes (0 = in-process)")
     p.add_argument("--batch-size", type=int, default=32, help="live episodes at once")
+    p.add_argument("--gather", default="all", choices=["all", "any"],
+                   help="call the agent when all env workers answered (batched models) or any (API clients)")
     p.add_argument("--tools", default=None, help="tool config: file, JSON, 'a,b' or 'none' (default: built-in)")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--answer-protocol", default="boxed", choices=["boxed", "xml"])
@@ -142,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 max_tokens=args.judge_max_tokens)
         config = EvalConfig(
             k=args.k, seed=args.seed, limit=args.limit, workers=args.workers, batch_size=args.batch_size,
+            gather=args.gather,
             tools=parse_tools(args.tools), max_turns=args.max_turns, answer_protocol=args.answer_protocol,
             observation_style=args.observation_style, reward=args.reward, open_metrics=not args.no_open_metrics,
             metrics_options=parse_options(args.metrics_opt, "--metrics-opt"),

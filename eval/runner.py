@@ -72,6 +72,11 @@ class EvalConfig:
     """Show a progress bar with live accuracy on stderr."""
     bootstrap: int = 1000
     """Bootstrap resamples for confidence intervals (0 = none)."""
+    gather: str = "all"
+    """``all``: wait for every busy env worker before calling the agent, so ``act_batch`` gets
+    every waiting conversation (best for batched models, whose cost is per call); ``any``: call
+    the agent as soon as one worker answers, overlapping its work with the other workers' steps
+    (best for agents whose cost is per conversation, e.g. a concurrent API client)."""
     judge_workers: int = 8
     """Concurrent requests to the LLM judge."""
     fsync: bool = True
@@ -167,6 +172,8 @@ class Runner:
                  judge: Judge | None = None) -> None:
         if config.k < 1:
             raise ValueError(f"expected k >= 1, got {config.k!r}")
+        if config.gather not in ("all", "any"):
+            raise ValueError(f"expected gather 'all' or 'any', got {config.gather!r}")
         if config.batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
@@ -290,7 +297,10 @@ class Runner:
                         queued[w], queued_eps[w] = [], []
                 # 3. collect answers; episodes that are still live wait for the agent
                 ready: list[_Episode] = []
-                for w, results in pool.poll():
+                answered = pool.poll()
+                while cfg.gather == "all" and any(pool.busy):
+                    answered += pool.poll()
+                for w, results in answered:
                     eps, inflight[w] = inflight[w], []
                     if results is None:  # the worker died (and was restarted): its live episodes are lost
                         for ep in eps:
@@ -309,7 +319,8 @@ class Runner:
                             if res["terminated"] or res["truncated"]:
                                 finish(ep, final=res)
                             else:
-                                ep.conversation.add_turn(ep.pending_action or "", res["obs"])
+                                turn = ep.pending_action if isinstance(ep.pending_action, str) else ""
+                                ep.conversation.add_turn(turn, res["obs"])
                                 ready.append(ep)
                 commit()
                 # 4. the agent acts on every waiting conversation at once

@@ -23,8 +23,11 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from multiprocessing import shared_memory
 from multiprocessing.connection import Connection, wait
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
 
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import VQADataset
@@ -163,7 +166,51 @@ class EnvWorker:
             env.close()
 
 
-def _worker_main(conn: Connection, spec: EnvSpec, slots: int) -> None:
+class ArenaImage(NamedTuple):
+    """An observation image left in the worker's shared-memory arena (what crosses the pipe)."""
+
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+ARENA_BYTES = 256 << 20  # per worker; tmpfs pages cost memory only once written
+
+
+def park_images(results: list[dict[str, Any]], arena: Any) -> list[dict[str, Any]]:
+    """Worker side: copy observation images into the arena (one memcpy each) and send only their
+    place; what does not fit goes through the pipe as before. VQA-RAD images are ~2 MB, and
+    pickling them through a socket costs the main process several copies and many reads."""
+    offset = 0
+    for res in results:
+        obs = res.get("obs")
+        if not obs or not obs.get("images"):
+            continue
+        parked = []
+        for image in obs["images"]:
+            arr = np.ascontiguousarray(image)
+            if offset + arr.nbytes > arena.size:
+                parked.append(arr)
+                continue
+            np.ndarray(arr.shape, arr.dtype, buffer=arena.buf, offset=offset)[...] = arr
+            parked.append(ArenaImage(offset, arr.shape, arr.dtype.str))
+            offset += -(-arr.nbytes // 64) * 64
+        obs["images"] = tuple(parked)
+    return results
+
+
+def fetch_images(results: list[dict[str, Any]], arena: Any) -> list[dict[str, Any]]:
+    """Main side: copy parked images out of the arena (before the worker gets new commands)."""
+    for res in results:
+        obs = res.get("obs")
+        if obs and obs.get("images"):
+            obs["images"] = tuple(
+                np.ndarray(a.shape, np.dtype(a.dtype), buffer=arena.buf, offset=a.offset).copy()
+                if isinstance(a, ArenaImage) else a for a in obs["images"])
+    return results
+
+
+def _worker_main(conn: Connection, spec: EnvSpec, slots: int, arena_name: str | None = None) -> None:
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker: the pool is the parallelism
@@ -174,6 +221,12 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: int) -> None:
     except Exception as e:
         conn.send({"fatal": f"{type(e).__name__}: {e}"})
         return
+    arena = None
+    if arena_name:
+        try:
+            arena = shared_memory.SharedMemory(name=arena_name)
+        except OSError:  # no shared memory here: images go through the pipe
+            arena = None
     conn.send({"ready": True})
     while True:
         try:
@@ -182,8 +235,11 @@ def _worker_main(conn: Connection, spec: EnvSpec, slots: int) -> None:
             break
         if commands is None:
             break
-        conn.send(worker.run(commands))
+        results = worker.run(commands)
+        conn.send(park_images(results, arena) if arena is not None else results)
     worker.close()
+    if arena is not None:
+        arena.close()
 
 
 def _widen_socket_buffers(conn: Connection, size: int = 8 << 20) -> None:
@@ -229,6 +285,7 @@ class EnvPool:
         self._local_results: dict[int, list[dict[str, Any]]] = {}
         self._conns: list[Connection | None] = [None] * self.n_workers
         self._procs: list[Any] = [None] * self.n_workers
+        self._arenas: list[Any] = [None] * self.n_workers
         self.busy = [False] * self.n_workers
         self._dead: set[int] = set()
         if self.in_process:
@@ -243,7 +300,13 @@ class EnvPool:
         parent, child = self._ctx.Pipe()
         for conn in (parent, child):
             _widen_socket_buffers(conn)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.spec, self.slots), daemon=True,
+        if self._arenas[w] is None:
+            try:
+                self._arenas[w] = shared_memory.SharedMemory(create=True, size=ARENA_BYTES)
+            except OSError:
+                log.warning("no shared memory; observation images go through the pipe")
+        arena_name = self._arenas[w].name if self._arenas[w] is not None else None
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.spec, self.slots, arena_name), daemon=True,
                                  name=f"medvqa-eval-env-{w}")
         proc.start()
         child.close()
@@ -292,7 +355,8 @@ class EnvPool:
         for conn in wait(list(pending)):
             w = pending[conn]
             try:
-                out.append((w, conn.recv()))
+                results = conn.recv()
+                out.append((w, fetch_images(results, self._arenas[w]) if self._arenas[w] is not None else results))
             except (EOFError, OSError):
                 log.error("env worker %d died; restarting it", w)
                 out.append((w, None))
@@ -331,3 +395,8 @@ class EnvPool:
                     proc.kill()
         self._conns = [None] * self.n_workers
         self._procs = [None] * self.n_workers
+        for arena in self._arenas:
+            if arena is not None:
+                arena.close()
+                arena.unlink()
+        self._arenas = [None] * self.n_workers

@@ -48,3 +48,24 @@ def test_a_dead_worker_is_reported_once_and_restarted(dataset):
 def test_bad_pool_sizes_are_refused(dataset):
     with pytest.raises(ValueError, match="expected workers >= 0 and slots >= 1"):
         EnvPool(EnvSpec(dataset), workers=1, slots=0)
+
+
+def test_images_cross_through_the_arena_and_what_does_not_fit_goes_inline():
+    from multiprocessing import shared_memory
+
+    import numpy as np
+
+    from eval.pool import ArenaImage, fetch_images, park_images
+
+    arena = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        small, big = np.arange(48, dtype=np.uint8).reshape(4, 4, 3), np.ones((64, 64, 3), np.uint8)
+        results = [{"obs": {"text": "x", "images": (small, big)}}, {"error": {"kind": "env_error"}}]
+        parked = park_images(results, arena)
+        kinds = [type(a) for a in parked[0]["obs"]["images"]]
+        assert kinds == [ArenaImage, np.ndarray]
+        back = fetch_images(parked, arena)[0]["obs"]["images"]
+        assert np.array_equal(back[0], small) and np.array_equal(back[1], big)
+    finally:
+        arena.close()
+        arena.unlink()

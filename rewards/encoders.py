@@ -144,15 +144,16 @@ class TokenEncoder:
         """Encodings of ``texts`` in order; each distinct uncached text is encoded once."""
         with self._lock:
             self._load()
-            todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
+            found = {}
+            for t in dict.fromkeys(texts):
+                if t in self._cache:
+                    self._cache.move_to_end(t)
+                    found[t] = self._cache[t]
+            todo = [t for t in dict.fromkeys(texts) if t not in found]
             for key, enc in zip(todo, self._forward(todo)):
-                self._cache.put(key, enc)
-            out = []
-            for t in texts:
-                enc = self._cache[t]
-                self._cache.move_to_end(t)
-                out.append(enc)
-            return out
+                found[key] = enc
+                self._cache.put(key, enc)  # may evict: results come from ``found``
+            return [found[t] for t in texts]
 
     def _forward(self, texts: list[str]) -> list[Encoded]:
         import torch
@@ -245,10 +246,12 @@ class SentenceEncoder:
 
                 self.model_path = self.model_path or default_model_path()
                 self._model = SentenceTransformer(self.model_path, device=self.device)
-            todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
+            found = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
+            todo = [t for t in dict.fromkeys(texts) if t not in found]
             if todo:
                 vecs = self._model.encode(todo, batch_size=self.batch_size, convert_to_numpy=True,
                                           normalize_embeddings=True, show_progress_bar=False)
                 for t, v in zip(todo, vecs):
-                    self._cache.put(t, np.asarray(v, dtype=np.float32))
-            return [self._cache[t] for t in texts]
+                    found[t] = np.asarray(v, dtype=np.float32)
+                    self._cache.put(t, found[t])
+            return [found[t] for t in texts]

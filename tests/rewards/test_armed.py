@@ -124,3 +124,18 @@ def test_separate_cosine_model_goes_through_sentence_transformers(minilm):
     bert3, cos = r.semantic_scores(CANDS[:2], REFS[:2])
     bert6, cos6 = ARMedReward(token_encoder=minilm).semantic_scores(CANDS[:2], REFS[:2])
     assert cos == pytest.approx(cos6, abs=1e-5) and bert3 != pytest.approx(bert6)
+
+
+def test_encoder_cache_smaller_than_a_batch(minilm):
+    from rewards.encoders import SentenceEncoder, TokenEncoder
+
+    tiny = TokenEncoder(cache_size=2)
+    tiny._model, tiny._tokenizer = minilm._model, minilm._tokenizer   # reuse the loaded weights
+    tiny._max_length, tiny._pooled_is_sentence = minilm._max_length, minilm._pooled_is_sentence
+    texts = ["liver", "spleen", "kidney", "liver", "aorta"]
+    out = tiny.encode(texts)
+    ref = minilm.encode(texts)
+    assert len(tiny._cache) == 2
+    assert all(abs(a.sentence - b.sentence).max() < 1e-5 for a, b in zip(out, ref))  # padding-level noise
+    sent = SentenceEncoder(cache_size=1)
+    assert len(sent.encode(texts)) == 5 and len(sent._cache) == 1

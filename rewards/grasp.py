@@ -80,31 +80,28 @@ class ImageTextScorer:
             self._model = CLIPModel(config)
         self._model.eval().to(self.device)
 
-    def _pixels(self, paths: Sequence[str]):
-        import torch
+    def _pixels(self, path: str) -> np.ndarray:
         from PIL import Image
 
         size = self._model.config.vision_config.image_size
-        arrays = []
-        for p in paths:
-            with Image.open(p) as im:
-                im = im.convert("RGB").resize((size, size), Image.BICUBIC)
-            a = (np.asarray(im, dtype=np.float32) / 255.0 - CLIP_MEAN) / CLIP_STD
-            arrays.append(a.transpose(2, 0, 1))
-        return torch.tensor(np.stack(arrays), dtype=torch.float32)
+        with Image.open(path) as im:
+            im = im.convert("RGB").resize((size, size), Image.BICUBIC)
+        a = (np.asarray(im, dtype=np.float32) / 255.0 - CLIP_MEAN) / CLIP_STD
+        return a.transpose(2, 0, 1).astype(np.float32)
 
     def scores(self, image_paths: Sequence[str | None], texts: Sequence[str]) -> list[float | None]:
         """Cosine per (image, text); ``None`` where the image is missing or unreadable."""
         import torch
 
         self._load()
-        ok = []
+        ok, pixels = [], []
         for i, p in enumerate(image_paths):
+            if not p:
+                continue
             try:
-                if p:
-                    self._pixels([p])
-                    ok.append(i)
-            except (OSError, ValueError):
+                pixels.append(self._pixels(p))
+                ok.append(i)
+            except (OSError, ValueError):  # missing or corrupt image: the term is absent
                 continue
         out: list[float | None] = [None] * len(texts)
         if not ok:
@@ -115,7 +112,7 @@ class ImageTextScorer:
                                   max_length=max_len, return_tensors="pt")
             t = self._model.get_text_features(input_ids=enc["input_ids"].to(self.device),
                                               attention_mask=enc["attention_mask"].to(self.device))
-            v = self._model.get_image_features(pixel_values=self._pixels([image_paths[i] for i in ok]).to(self.device))
+            v = self._model.get_image_features(pixel_values=torch.from_numpy(np.stack(pixels)).to(self.device))
             t = t.pooler_output if hasattr(t, "pooler_output") else t
             v = v.pooler_output if hasattr(v, "pooler_output") else v
             sims = torch.nn.functional.cosine_similarity(t, v, dim=-1).tolist()

@@ -61,8 +61,8 @@ class HTTPToolBackend:
     """
 
     def __init__(self, tools: Sequence[str] | None = None, url: str = "http://127.0.0.1:7660", timeout_s: float = 30.0,
-                 retries: int = 2, backoff_s: float = 0.05, token_env: str | None = None, transport: str = "png",
-                 shared_dir: str | None = None, pool_size: int = 8, result_format: str = "png",
+                 retries: int = 2, backoff_s: float = 0.05, token_env: str | None = None, transport: str = "raw",
+                 shared_dir: str | None = None, pool_size: int = 8, result_format: str = "raw",
                  connect_timeout_s: float = 2.0, derived_images: bool = True, optimistic_refs: bool = True) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"expected an http(s) URL for a tool server, got {url!r}")

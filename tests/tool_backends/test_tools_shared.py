@@ -3,6 +3,8 @@ the classical and the oracle engines, and must behave -- and answer -- the same 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -21,7 +23,8 @@ PROFILES = {
 
 def _serve_args(profile: dict, root) -> list[str]:
     engines = ",".join(f"{t}={o['engine']}" for t, o in profile.items() if "engine" in o)
-    return ["serve", "--tools", ",".join(profile), "--engine", engines, "--image-root", str(root)]
+    return ["serve", "--tools", ",".join(profile), "--engine", engines, "--image-root", str(root),
+            "--image-root", os.environ["MEDVQA_CACHE"]]  # where the embedded dataset keeps its masks
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +184,34 @@ def test_a_config_swaps_backends_without_code_changes(servers, scene, tmp_path):
         assert terminated and reward == 1.0
         env.close()
     assert observations[0] == observations[1]
+
+
+def test_oracle_tools_on_the_embedded_dataset(toolboxes, servers):
+    from medvqa_env.datasets import load_dataset
+    from medvqa_env.images import load_image
+
+    record = next(r for r in load_dataset("embedded") if any(m.label == "left kidney" for m in r.annotations.masks))
+    image = load_image(record.image_paths[0])
+    ctx = ToolContext(record_id=record.id, annotations=record.annotations)
+    kidney = next(b for b in record.annotations.boxes if b.label == "left kidney")
+    calls = [ToolCall("ground", {"text": "left kidney"}), ToolCall("segment", {"bbox": list(kidney.bbox)}),
+             ToolCall("classify", {"labels": ["MRI", "CT", "X-ray"]})]
+    for backend in BACKENDS:
+        ground, seg, cls = (toolboxes[backend, "oracle"].call(c, [image], ctx).result for c in calls)
+        assert [b["label"] for b in ground.data["boxes"]] == ["left kidney"]
+        assert box_iou(seg.data["bbox"], kidney.bbox) > 0.8 and seg.data["n_components"] == 1
+        assert cls.data["top"] == "CT"
+
+
+def test_every_tool_agrees_on_a_real_vqa_rad_image(toolboxes, vqa_rad_root):
+    from PIL import Image
+
+    image = Image.open(min((vqa_rad_root / "images").glob("*.jpg"), key=lambda p: p.stat().st_size)).convert("RGB")
+    w, h = image.size
+    box = [w // 4, h // 4, w // 2, h // 2]
+    for name, arguments in [("segment", {"bbox": box}), ("segment", {"point": [w // 2, h // 2]}),
+                            ("ground", {"text": "bright lesion"}), ("hires_render", {"bbox": box}),
+                            ("image_zoom_in", {"bbox": box}), ("classify", {"labels": ["ct", "mri"]})]:
+        local, remote = (toolboxes[b, "classical"].call(ToolCall(name, arguments), [image]).result for b in BACKENDS)
+        assert local.ok and (remote.text, remote.data) == (local.text, local.data)
+        assert [im.tobytes() for im in remote.images] == [im.tobytes() for im in local.images]

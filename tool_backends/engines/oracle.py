@@ -37,6 +37,28 @@ def label_matches(label: str, text: str) -> bool:
     return bool(wa & wb)
 
 
+def match_rank(label: str, text: str) -> int:
+    """2: one contains the other; 1: a shared content word; 0: no match. Callers keep only the
+    best rank found, so "left kidney" picks the left kidney even though "right kidney" shares a word.
+
+    >>> match_rank("left kidney", "the left kidney"), match_rank("right kidney", "left kidney")
+    (2, 1)
+    """
+    a, b = label.lower().strip(), text.lower().strip()
+    if not a or not b:
+        return 0
+    if a in b or b in a:
+        return 2
+    return 1 if label_matches(label, text) else 0
+
+
+def best_matches(labels, text: str) -> list[int]:
+    """Indices of ``labels`` with the best nonzero :func:`match_rank` against ``text``."""
+    ranks = [match_rank(lab, text) for lab in labels]
+    top = max(ranks, default=0)
+    return [i for i, r in enumerate(ranks) if r == top and top > 0]
+
+
 def _masks(ann: Annotations, image_index: int, size: tuple[int, int]) -> list[tuple[str, np.ndarray]]:
     out = []
     for m in ann.masks:
@@ -86,15 +108,14 @@ class OracleGrounder:
     def detect(self, image: Image.Image, *, text: str, context: ToolContext | None = None,
                image_index: int = 0, threshold: float = 0.0, max_boxes: int = 5) -> list[dict[str, Any]]:
         ann = (context or ToolContext()).annotations
-        found: list[dict[str, Any]] = []
-        for b in ann.boxes:
-            if b.image_index == image_index and label_matches(b.label, text):
-                found.append({"bbox": [round(float(v), 1) for v in b.bbox], "label": b.label, "score": 1.0})
+        candidates = [(b.label, [round(float(v), 1) for v in b.bbox]) for b in ann.boxes if b.image_index == image_index]
+        boxed = {lab for lab, _ in candidates}
         for lab, m in _masks(ann, image_index, image.size):
             bbox = mask_bbox(m)
-            if bbox and label_matches(lab, text) and not any(f["label"] == lab for f in found):
-                found.append({"bbox": bbox, "label": lab, "score": 1.0})
-        return found[:max_boxes]
+            if bbox and lab not in boxed:
+                candidates.append((lab, bbox))
+        keep = best_matches([lab for lab, _ in candidates], text)
+        return [{"bbox": candidates[i][1], "label": candidates[i][0], "score": 1.0} for i in keep][:max_boxes]
 
 
 class OracleClassifier:
@@ -110,7 +131,9 @@ class OracleClassifier:
                  image_index: int = 0) -> dict[str, float]:
         ann = (context or ToolContext()).annotations
         truth = list(ann.labels) + [b.label for b in ann.boxes] + [m.label for m in ann.masks]
-        hits = [lab for lab in labels if any(label_matches(t, lab) for t in truth)]
+        ranks = [max((match_rank(t, lab) for t in truth), default=0) for lab in labels]
+        top = max(ranks, default=0)
+        hits = [lab for lab, r in zip(labels, ranks) if r == top and top > 0]
         if not hits or len(hits) == len(labels):
             return {lab: 1.0 / len(labels) for lab in labels}
         on, off = (1 - self.epsilon) / len(hits), self.epsilon / (len(labels) - len(hits))

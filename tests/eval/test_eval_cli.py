@@ -14,7 +14,7 @@ import pytest
 
 from eval.results import load_results
 
-from .eval_helpers import by_key
+from eval_helpers import by_key
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from eval.scripted import ScriptedAgent
 from medvqa_env.datasets import load_dataset
 from medvqa_env.errors import ConfigError
 
-from .eval_helpers import by_key
+from eval_helpers import by_key
 
 FAST = dict(progress=False, open_metrics=False, bootstrap=50)
 

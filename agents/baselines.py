@@ -66,10 +66,12 @@ def format_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
 
 def fill_arguments(parameters: Mapping[str, Any], box: Sequence[float], image_size: tuple[int, int],
-                   text: str = "lesion") -> dict[str, Any]:
+                   text: str = "lesion", labels: Sequence[str] = ()) -> dict[str, Any]:
     """Arguments for any tool schema: ``box`` (normalised ``[x0, y0, x1, y1]``) goes into box-like
-    arrays (as fractions when the tool takes ``coordinates``, else as pixels), ``text`` into string
-    arguments; other required arguments get their default, first enum value or minimum.
+    arrays (as fractions when the tool takes ``coordinates``, else as pixels) when the box is
+    required or the tool needs no text; ``text`` into string arguments, ``labels`` into string
+    lists (padded to ``minItems``); other required arguments get their default, first enum value
+    or minimum.
 
     >>> schema = {"properties": {"bbox": {"type": "array"}, "coordinates": {"type": "string",
     ...           "enum": ["pixel", "normalized"]}}, "required": ["bbox"]}
@@ -77,26 +79,34 @@ def fill_arguments(parameters: Mapping[str, Any], box: Sequence[float], image_si
     {'bbox': [0.25, 0.25, 0.75, 0.75], 'coordinates': 'normalized'}
     >>> fill_arguments({"properties": {"bbox": {"type": "array"}}}, [0, 0, 0.5, 0.5], (100, 40))
     {'bbox': [0, 0, 50, 20]}
+    >>> fill_arguments({"properties": {"labels": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+    ...                 "bbox": {"type": "array"}}, "required": ["labels"]}, [0, 0, 1, 1], (9, 9), labels=["CT"])
+    {'labels': ['CT', 'normal']}
     """
     props = parameters.get("properties", {}) or {}
     required = set(parameters.get("required", ()) or ())
     normalized = "normalized" in (props.get("coordinates", {}).get("enum") or ())
     w, h = image_size
     pixel_box = [round(box[0] * w), round(box[1] * h), round(box[2] * w), round(box[3] * h)]
+    needs_text = any(props.get(k, {}).get("type") in ("string", "array") and not _is_box(k, props.get(k, {}))
+                     for k in required)
     out: dict[str, Any] = {}
     for key, sub in props.items():
-        kind = sub.get("type")
-        is_box = kind == "array" and (sub.get("minItems") == 4 or key in ("bbox", "box", "boxes", "region"))
-        if is_box:
-            out[key] = [round(v, 4) for v in box] if normalized else pixel_box
-        elif key == "coordinates" and normalized:
-            out[key] = "normalized"
+        if _is_box(key, sub):
+            if key in required or not needs_text:
+                out[key] = [round(v, 4) for v in box] if normalized else pixel_box
+                if normalized:
+                    out["coordinates"] = "normalized"
         elif key in required:
-            out[key] = _placeholder(sub, text)
+            out[key] = _placeholder(sub, text, labels)
     return out
 
 
-def _placeholder(schema: Mapping[str, Any], text: str) -> Any:
+def _is_box(key: str, schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") == "array" and (schema.get("minItems") == 4 or key in ("bbox", "box", "region"))
+
+
+def _placeholder(schema: Mapping[str, Any], text: str, labels: Sequence[str] = ()) -> Any:
     if "default" in schema:
         return schema["default"]
     if schema.get("enum"):
@@ -105,8 +115,15 @@ def _placeholder(schema: Mapping[str, Any], text: str) -> Any:
     if kind == "string":
         return text[: int(schema.get("maxLength", 200))]
     if kind == "array":
-        items = schema.get("items", {})
-        return [text] if items.get("type") == "string" else []
+        if schema.get("items", {}).get("type") != "string":
+            return []
+        values = list(dict.fromkeys(labels or [text]))
+        for filler in ("normal", "other", "none", "unknown"):
+            if len(values) >= int(schema.get("minItems", 1)):
+                break
+            if filler not in values:
+                values.append(filler)
+        return values[: int(schema.get("maxItems", len(values)))]
     if kind in ("number", "integer"):
         return schema.get("minimum", 0)
     if kind == "boolean":
@@ -230,6 +247,14 @@ class AnswerPriorAgent(Agent):
         keys = [(answer_type, question_key(question, k)) for k in range(self.max_words, 0, -1)]
         return keys + [(answer_type,)]
 
+    def candidates(self, answer_type: str, question: str, k: int = 5) -> list[str]:
+        """Up to ``k`` most common answers under the most specific key seen ``min_count`` times."""
+        for key in self._keys(answer_type, question):
+            counter = self.counts.get(key)
+            if counter and sum(counter.values()) >= self.min_count:
+                return [a for a, _ in counter.most_common(k)]
+        return []
+
     def predict(self, answer_type: str, question: str, options: Mapping[str, str] | None = None) -> str:
         """The prior's answer for one question (no tools, no image)."""
         for key in self._keys(answer_type, question):
@@ -292,36 +317,51 @@ class ToolThenAnswerAgent(Agent):
         box = [margin, margin, 1.0 - margin, 1.0 - margin]
         size = conversation.images[0].size if conversation.images else (1, 1)
         subject = _subject_of(conversation.question)
+        labels = self._labels(conversation, subject)
         calls = []
         for tool in tools:
             if tool["name"] != self.zoom_tool and not self.use_other_tools:
                 continue
-            args = fill_arguments(tool.get("parameters", {}), box, size, text=subject)
+            args = fill_arguments(tool.get("parameters", {}), box, size, text=subject, labels=labels)
             calls.append(format_tool_call(tool["name"], args))
         zoom_first = sorted(calls, key=lambda c: self.zoom_tool not in c)
         return zoom_first
 
+    def _labels(self, conversation: Conversation, subject: str) -> list[str]:
+        """Candidate labels for a classifier: the options, the subject vs "normal", or the prior's
+        most common answers to this kind of question."""
+        options = conversation.info.get("options") or {}
+        if conversation.answer_type == AnswerType.MCQ.value and options:
+            return [str(v) for v in options.values()]
+        if conversation.answer_type == AnswerType.CLOSED.value:
+            return [subject, "normal"]
+        return self.prior.candidates(conversation.answer_type, conversation.question) or [subject, "normal"]
+
     def _answer(self, conversation: Conversation) -> str:
         kind, question = conversation.answer_type, conversation.question
         options = conversation.info.get("options") or {}
-        text = " ".join(observations(conversation))
+        text = "\n".join(observations(conversation))
         tool_text = re.sub(r"Tool turns left: \d+\.|No tool turns left[^.]*\.", " ", text)
+        label = _top_label(tool_text)
         if kind == AnswerType.MCQ.value and options:
+            by_text = {str(v).lower(): k for k, v in options.items()}
+            if label in by_text:
+                return by_text[label]
             lower = tool_text.lower()
-            hits = [k for k, v in options.items() if v and v.lower() in lower]
+            hits = [k for k, v in options.items() if v and str(v).lower() in lower]
             if len(hits) == 1:
                 return hits[0]
         elif kind == AnswerType.CLOSED.value:
+            if label is not None:
+                return "no" if label == "normal" else "yes"
             subject = _subject_of(question)
             findings = [s for s in re.split(r"\n|\[", tool_text) if s.strip() and "image_zoom_in" not in s
                         and not s.startswith("Zoomed")]
             relevant = [s for s in findings if subject and subject.lower() in s.lower()]
             if relevant:
                 return "no" if _NEGATIVE_RE.search(" ".join(relevant)) else "yes"
-        else:
-            label = _top_label(tool_text)
-            if label:
-                return label
+        elif label:
+            return label
         return self.prior.predict(kind, question, options)
 
     def config(self) -> dict[str, Any]:
@@ -344,12 +384,19 @@ def _subject_of(question: str) -> str:
 
 
 def _top_label(text: str) -> str | None:
-    """``label: 0.87`` or ``'label' (0.87)`` style pairs in tool text -> the best label."""
-    pairs = re.findall(r"['\"]?([A-Za-z][A-Za-z \-]{1,40}?)['\"]?\s*[:(=]\s*(0?\.\d+|1\.0+)", text)
-    if not pairs:
-        return None
-    label, _ = max(pairs, key=lambda p: float(p[1]))
-    return label.strip().lower()
+    """The best label of a classifier's line (``label 0.69, other 0.31`` or ``label: 0.69``).
+
+    >>> _top_label("[classify] Classification of image 0: X-Ray 0.691, CT 0.182, MRI 0.127.")
+    'x-ray'
+    """
+    for line in text.splitlines():
+        if not line.lstrip().startswith("[classify]") or ":" not in line:
+            continue
+        pairs = re.findall(r"([^,:]+?)\s*[:=(]?\s*(0?\.\d+|1\.0*|0|1)\)?(?=,|\.?\s*$)", line.split(":", 1)[1])
+        if pairs:
+            label, _ = max(pairs, key=lambda p: float(p[1]))
+            return label.strip().strip("'\"").lower()
+    return None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -124,3 +124,23 @@ def test_registry_loads_datasets_from_command_line_forms():
     assert oracle.dataset[0].split == "val"
     with pytest.raises(ConfigError, match="name\\[:split\\]"):
         build_agent("oracle", dataset=3)
+
+
+def test_tool_then_answer_fills_every_builtin_tool_and_reads_the_classifier(episodes, tiny_annotated):
+    env = MedVQAEnv(dataset="embedded", split="test", tools=["image_zoom_in", "segment", "ground", "classify"],
+                    reward=RuleReward())
+    agent = ToolThenAnswerAgent().fit(env.dataset)
+    obs, info = env.reset(options={"index": 0})
+    conv = Conversation.start(obs, info)
+    action = agent.act(conv)
+    obs, _, _, _, step = env.step(action)
+    assert [c["name"] for c in step["tool_calls"]] == ["image_zoom_in", "segment", "ground", "classify"]
+    assert all(c["error"] is None for c in step["tool_calls"]), [c["text"] for c in step["tool_calls"]]
+    conv.add_turn(action, obs)
+    scores = step["tool_calls"][-1]["text"]
+    final = agent.act(conv)
+    options = info["options"]
+    best = {v.lower(): k for k, v in options.items()}.get(scores.split(": ", 1)[1].split(" ")[0].lower())
+    if info["answer_type"] == "MCQ" and best:
+        assert final == "\\boxed{" + best + "}"
+    assert all(r["end_reason"] == "answer" for r in episodes(env, agent, range(8)))

@@ -87,6 +87,10 @@ class ChatEncoder:
         pad = self.tokenizer.pad_token_id
         return self.eos_token_id if pad is None else pad
 
+    def vision_token_ids(self) -> list[int]:
+        """Ids of the vision special tokens (never to be generated)."""
+        return [self.tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+
     def image_pad_id(self) -> int:
         return self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
 

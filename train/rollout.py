@@ -124,6 +124,8 @@ class HFGenerator:
                           mm_token_type_ids=mm_token_type_ids(ids, self.encoder.image_pad_id()).to(device))
         sampling = {"do_sample": False} if self.greedy else {"do_sample": True, "temperature": self.temperature,
                                                              "top_p": self.top_p, "top_k": 0}
+        if self.encoder.is_vlm:  # a sampled image pad would desynchronise tokens and pixel inputs
+            sampling["suppress_tokens"] = self.encoder.vision_token_ids()
         was_training = self.model.training
         self.model.eval()
         out = self.model.generate(**kwargs, max_new_tokens=self.max_new_tokens, eos_token_id=eos, pad_token_id=pad,

@@ -84,11 +84,19 @@ class ToolCallRecord:
 
 
 class ToolCache:
-    """A thread-safe in-memory LRU of tool results keyed by (tool, arguments, image, record)."""
+    """A thread-safe in-memory LRU of tool results keyed by (tool, arguments, image, record).
 
-    def __init__(self, max_entries: int = 2048) -> None:
+    Bounded twice: by ``max_entries`` and by ``max_bytes`` (the results' images and text, see
+    :func:`result_nbytes`), so a long run with large images cannot grow it to gigabytes. A result
+    larger than ``max_bytes`` on its own is not cached.
+    """
+
+    def __init__(self, max_entries: int = 2048, max_bytes: int = 128 * 1024 * 1024) -> None:
         self.max_entries = int(max_entries)
+        self.max_bytes = int(max_bytes)
         self._data: OrderedDict[str, ToolResult] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.nbytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -103,20 +111,36 @@ class ToolCache:
             return result
 
     def put(self, key: str, result: ToolResult) -> None:
+        size = result_nbytes(result)
+        if size > self.max_bytes:
+            return
         with self._lock:
+            self.nbytes += size - self._sizes.get(key, 0)
             self._data[key] = result
+            self._sizes[key] = size
             self._data.move_to_end(key)
-            while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+            while len(self._data) > self.max_entries or self.nbytes > self.max_bytes:
+                old, _ = self._data.popitem(last=False)
+                self.nbytes -= self._sizes.pop(old)
 
     def __len__(self) -> int:
         return len(self._data)
 
     def __getstate__(self):  # locks do not pickle; a copied env starts with an empty cache
-        return {"max_entries": self.max_entries}
+        return {"max_entries": self.max_entries, "max_bytes": self.max_bytes}
 
     def __setstate__(self, state):
-        self.__init__(state["max_entries"])
+        ToolCache.__init__(self, state["max_entries"], state.get("max_bytes", 128 * 1024 * 1024))
+
+
+def result_nbytes(result: ToolResult) -> int:
+    """Approximate memory held by a result: its images' pixels, its text, 1 KiB for the rest.
+
+    >>> result_nbytes(ToolResult("ok", images=[Image.new("RGB", (10, 10))]))
+    1326
+    """
+    pixels = sum(im.width * im.height * len(im.getbands()) for im in result.images)
+    return pixels + len(result.text) + 1024
 
 
 def cache_key(name: str, arguments: Mapping[str, Any], images: Sequence[Image.Image],

@@ -10,8 +10,9 @@ Endpoints (all JSON):
 * ``POST /call_batch`` -- ``{"calls": [call, ...]}`` -> ``{"results": [result, ...]}``.
 * ``POST /get_observation`` -- the verl-tool shape: ``trajectory_ids``, ``actions`` (the model's
   raw turn text), optional ``finish``, ``is_last_step``, ``extra_fields`` (per trajectory:
-  ``images`` as entries, ``context``) -> ``observations``, ``dones``, ``valids``. An observation is a
-  string, or ``{"obs": text, "image": [data URLs]}`` when tools returned images.
+  ``images`` as data URLs, paths or entries, ``context``) -> ``observations``, ``dones``,
+  ``valids``. An observation is a string, or ``{"obs": text, "image": [data URLs]}`` when tools
+  returned images. See :mod:`tool_backends.trajectories`.
 
 Safety: binds 127.0.0.1 unless told otherwise and then demands a bearer token; bodies over
 ``max_body_bytes`` get 413; at most ``max_concurrency`` tool runs at once and ``max_queue``
@@ -36,6 +37,7 @@ from medvqa_env.images import DEFAULT_MAX_PIXELS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
+from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import ImageStore, UnknownImage, WireError, decode_image_entry, is_under, result_to_wire
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class ServerSettings:
     max_images: int = 64
     image_store_mb: int = 512
     """Recently uploaded images kept decoded, so clients can send ``{"ref": digest}`` instead."""
+    done_if_invalid: bool = False
+    """verl-tool: whether a turn without a tool call ends the trajectory."""
     result_dir: str | None = None
     """Where result images go for clients asking ``image_format: path`` (co-located clients)."""
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -209,37 +213,6 @@ class ToolService:
             self.cache.put(key, result)
         return result
 
-    def observe(self, action: Any, extra: Any) -> tuple[Any, bool]:
-        """One verl-tool trajectory step: parse the turn, run this server's tool calls."""
-        from medvqa_env.parser import parse_action
-
-        extra = extra if isinstance(extra, Mapping) else {}
-        parsed = parse_action(action if isinstance(action, str) else "")
-        if not parsed.tool_calls:
-            return "", False
-        raw_images = extra.get("images") or []
-        if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
-            raise WireError(f"expected extra_fields 'images' to be a list of at most {self.settings.max_images}")
-        images = [self.decode(e) for e in raw_images]
-        context = self.context(extra.get("context"))
-        parts, new_images, valid = [], [], True
-        for call in parsed.tool_calls:
-            if call.name not in self.backends:
-                result = ToolResult.failure(unknown_name_message("tool", call.name, self.backends))
-            else:
-                result = self.run(call.name, call.arguments, images, context)
-            valid &= result.ok
-            new_images.extend(result.images)
-            parts.append(f"[{call.name}] {result.text}")
-        text = "\n".join(parts)
-        if not new_images:
-            return text, valid
-        urls = []
-        for im in new_images:
-            entry = result_to_wire(ToolResult("", images=[im]))["images"][0]
-            urls.append("data:image/png;base64," + entry["png"])
-        return {"obs": text, "image": urls}, valid
-
 
 def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | None = None,
                proxy: Mapping[str, Any] | None = None):
@@ -252,6 +225,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     settings = settings or ServerSettings()
     check_settings(settings)
     service = ToolService(backends, settings)
+    observer = TrajectoryObserver(service, done_if_invalid=settings.done_if_invalid)
     app = FastAPI(title="MedVQA-Gym tool server", docs_url=None, redoc_url=None)
     gate = asyncio.Semaphore(settings.max_concurrency)
     waiting = {"n": 0}
@@ -351,17 +325,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not all(isinstance(v, list) and len(v) == n for v in (ids, finish, extras)):
             raise HTTPException(400, f"expected trajectory_ids, finish and extra_fields to have {n} entries")
 
-        def work():
-            obs, dones, valids = [], [], []
-            for action, done, extra in zip(actions, finish, extras):
-                if done:
-                    obs.append(""), dones.append(True), valids.append(False)
-                    continue
-                o, valid = service.observe(action, extra)
-                obs.append(o), dones.append(o == ""), valids.append(valid and o != "")
-            return {"observations": obs, "dones": dones, "valids": valids}
-
-        return await guarded(work)
+        return await guarded(observer.batch, ids, actions, finish, extras)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # keep {"detail": ...} and never echo the token

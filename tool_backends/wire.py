@@ -135,6 +135,14 @@ def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_
                        store: ImageStore | None = None) -> Image.Image:
     """Inverse of :func:`encode_image`. A ``path`` is opened only if it lies under ``roots``;
     a ``ref`` is looked up in ``store``; an upload is checked against its ``digest`` and stored."""
+    if isinstance(entry, str):  # verl-tool style: a data URL or a file path
+        if entry.startswith("data:image"):
+            _, _, b64 = entry.partition(",")
+            try:
+                return decode_image(_b64(b64, "image data URL"), "image", max_pixels)
+            except DatasetError as e:
+                raise WireError(str(e)) from None
+        entry = {"path": entry}
     if not isinstance(entry, Mapping):
         raise WireError(f"expected an image entry object, got {type(entry).__name__}")
     if "ref" in entry:

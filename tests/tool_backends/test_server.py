@@ -125,12 +125,30 @@ def test_get_observation_speaks_verl_tool(http, scene):
                "finish": [False, False, True, False],
                "extra_fields": [{"images": [image]}, {}, {"images": [image]}, {"images": [image]}]}
     out = http.post("/get_observation", json=payload).json()
-    assert out["dones"] == [False, True, True, False] and out["valids"] == [True, False, False, False]
+    assert out["dones"] == [False, False, True, False] and out["valids"] == [True, False, False, False]
     first = out["observations"][0]
     assert first["obs"].startswith("[image_zoom_in] Zoomed into region") and first["image"][0].startswith("data:image/png")
+    assert first["obs"].endswith("New image: image 1.")
     assert out["observations"][1] == "" and "Unknown tool 'zoom'" in out["observations"][3]
     bad = http.post("/get_observation", json={"actions": ["x"], "finish": [False, True]})
     assert bad.status_code == 400
+
+
+def test_get_observation_keeps_each_trajectory_s_images(http, scene):
+    """verl-tool style: images as data URLs or paths; a later turn can use an earlier tool's crop."""
+    from tool_backends.trajectories import data_url
+
+    zoom = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [30, 40, 70, 80]}}</tool_call>'
+    seg = '<tool_call>{"name": "segment", "arguments": {"point": [10, 10], "image_index": 1}}</tool_call>'
+    first = http.post("/get_observation", json={"trajectory_ids": ["t1", "t2"], "actions": [zoom, zoom],
+                                                "extra_fields": [{"images": [data_url(scene.image)]},
+                                                                 {"images": [str(scene.root / "scan.png")]}]}).json()
+    assert first["valids"] == [True, True]
+    second = http.post("/get_observation", json={"trajectory_ids": ["t1"], "actions": [seg], "extra_fields": [{}]}).json()
+    assert second["valids"] == [True] and "point [10, 10] of image 1" in second["observations"][0]  # oracle: no mask
+    http.post("/get_observation", json={"trajectory_ids": ["t1"], "actions": [""], "finish": [True]})
+    gone = http.post("/get_observation", json={"trajectory_ids": ["t1"], "actions": [seg], "extra_fields": [{}]}).json()
+    assert "no image in this episode" in gone["observations"][0] and gone["valids"] == [False]
 
 
 def test_batch_calls_and_pickled_clients(server, token_env, scene):

@@ -1,0 +1,101 @@
+"""The verl-tool side of a tool server: ``/get_observation`` over whole trajectories.
+
+verl-tool sends, per trajectory, the model's raw turn (``actions``) and its ``extra_fields``
+(``images``: data URLs, file paths or our image entries; optionally ``context``). The server keeps
+each live trajectory's image list (bounded LRU), appends the images tools return, so a later turn's
+``image_index`` can name an earlier crop, and forgets the trajectory when verl-tool says
+``finish``. A turn without a tool call observes ``""``, ``valid=False`` and ``done=done_if_invalid``
+(verl-tool's convention).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+from PIL import Image
+
+from medvqa_env.errors import unknown_name_message
+from tool_backends.base import ToolResult
+from tool_backends.wire import WireError
+
+
+def data_url(image: Image.Image) -> str:
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class TrajectoryObserver:
+    """Runs verl-tool steps on a :class:`tool_backends.server.ToolService`."""
+
+    def __init__(self, service, max_trajectories: int = 1024, done_if_invalid: bool = False) -> None:
+        self.service = service
+        self.max_trajectories = int(max_trajectories)
+        self.done_if_invalid = bool(done_if_invalid)
+        self._images: OrderedDict[str, list[Image.Image]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+    def _trajectory_images(self, tid: str, extra: Mapping[str, Any]) -> list[Image.Image]:
+        with self._lock:
+            images = self._images.get(tid)
+            if images is not None:
+                self._images.move_to_end(tid)
+                return images
+        raw = extra.get("images") or []
+        if isinstance(raw, (str, dict)):
+            raw = [raw]
+        if not isinstance(raw, list) or len(raw) > self.service.settings.max_images:
+            raise WireError(f"expected extra_fields 'images' to be a list of at most {self.service.settings.max_images}")
+        images = [self.service.decode(e) for e in raw]
+        with self._lock:
+            self._images[tid] = images
+            while len(self._images) > self.max_trajectories:
+                self._images.popitem(last=False)
+        return images
+
+    def step(self, tid: Any, action: Any, extra: Any, finish: bool) -> tuple[Any, bool, bool]:
+        """One trajectory's turn -> (observation, done, valid)."""
+        from medvqa_env.parser import parse_action
+
+        key = str(tid)
+        if finish:
+            with self._lock:
+                self._images.pop(key, None)
+            return "", True, False
+        extra = extra if isinstance(extra, Mapping) else {}
+        parsed = parse_action(action if isinstance(action, str) else "")
+        if not parsed.tool_calls:
+            return "", self.done_if_invalid, False
+        images = self._trajectory_images(key, extra)
+        context = self.service.context(extra.get("context"))
+        parts, new_images, valid = [], [], True
+        for call in parsed.tool_calls:
+            if call.name not in self.service.backends:
+                result = ToolResult.failure(unknown_name_message("tool", call.name, self.service.backends))
+            else:
+                result = self.service.run(call.name, call.arguments, images, context)
+            valid &= result.ok
+            first = len(images) + len(new_images)
+            new_images.extend(result.images)
+            where = "".join(f" New image: image {i}." for i in range(first, first + len(result.images)))
+            parts.append(f"[{call.name}] {result.text}{where}")
+        images.extend(new_images)
+        text = "\n".join(parts)
+        if not new_images:
+            return text, False, valid
+        return {"obs": text, "image": [data_url(im) for im in new_images]}, False, valid
+
+    def batch(self, ids: Sequence[Any], actions: Sequence[Any], finish: Sequence[Any],
+              extras: Sequence[Any]) -> dict[str, list]:
+        obs, dones, valids = [], [], []
+        for tid, action, done, extra in zip(ids, actions, finish, extras):
+            o, d, v = self.step(tid, action, extra, bool(done))
+            obs.append(o), dones.append(d), valids.append(v)
+        return {"observations": obs, "dones": dones, "valids": valids}

@@ -73,7 +73,7 @@ def _settings(args) -> "Any":
                           max_body_bytes=args.max_body_mb * 1024 * 1024, image_roots=tuple(args.image_root),
                           cache_size=args.cache_size, max_pixels=args.max_pixels,
                           max_queue=args.max_queue, result_dir=args.result_dir,
-                          image_store_mb=args.image_store_mb)
+                          image_store_mb=args.image_store_mb, done_if_invalid=args.done_if_invalid)
 
 
 def _common(p: argparse.ArgumentParser, port: int) -> None:
@@ -86,6 +86,8 @@ def _common(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--image-root", action="append", default=[],
                    help="directory the server may read client-named files from (repeatable)")
     p.add_argument("--cache-size", type=int, default=1024)
+    p.add_argument("--done-if-invalid", action="store_true",
+                   help="verl-tool: a turn without a tool call ends the trajectory")
     p.add_argument("--image-store-mb", type=int, default=512,
                    help="decoded images kept so clients can refer to them by digest (0 disables)")
     p.add_argument("--result-dir", default=None,

@@ -74,3 +74,16 @@ def test_a_server_that_dies_mid_call_gives_an_error_observation(servers, scene):
     _, reward, terminated, _, _ = env.step("\\boxed{yes}")
     assert terminated and reward == 1.0
     env.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_pickled_env_reconnects_to_its_tool_server(servers, scene):
+    import pickle
+
+    env = make_env(scene, servers[0].url)
+    env.step(SEGMENT_TURN)
+    copy = pickle.loads(pickle.dumps(env))  # what Ray does when it ships an env to a worker
+    copy.reset(options={"index": 0})
+    _, _, _, _, info = copy.step(SEGMENT_TURN)
+    assert info["tool_calls"][0]["error"] is None
+    env.close(), copy.close()

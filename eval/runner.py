@@ -350,6 +350,10 @@ class Runner:
                 unwritten.append(self._judged(row, fut))
             commit()
         finally:
+            try:  # an interrupt (Ctrl-C) still keeps every finished row
+                commit()
+            except Exception:  # noqa: BLE001 -- the original error matters more
+                log.exception("could not write the last rows")
             progress.close()
             if pool is not None:
                 pool.close()

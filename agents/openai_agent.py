@@ -191,6 +191,12 @@ class OpenAIAgent(Agent):
                                     limits=httpx.Limits(max_connections=self.concurrency))
         self._model_lock = threading.Lock()
         self.stats = {"requests": 0, "retries": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self._stats_lock = threading.Lock()
+
+    def _count(self, **increments: int) -> None:
+        with self._stats_lock:  # act_batch updates these from several threads
+            for key, value in increments.items():
+                self.stats[key] += value
 
     # ---- request building --------------------------------------------------------------------
     def _headers(self) -> dict[str, str]:
@@ -235,10 +241,10 @@ class OpenAIAgent(Agent):
         status = None
         for attempt in range(self.retries + 1):
             if attempt:
-                self.stats["retries"] += 1
+                self._count(retries=1)
             delay = min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
             try:
-                self.stats["requests"] += 1
+                self._count(requests=1)
                 r = self._client.request(method, url, json=body, headers=self._headers())
             except httpx.TimeoutException:
                 last, status = f"timed out after {self.timeout_s:g} s", None
@@ -269,8 +275,8 @@ class OpenAIAgent(Agent):
         body["model"] = self.resolve_model()
         response = self._request("POST", "/chat/completions", body)
         usage = response.get("usage") or {}
-        self.stats["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
-        self.stats["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+        self._count(prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                    completion_tokens=int(usage.get("completion_tokens") or 0))
         return response_to_turn(response)
 
     def act_batch(self, conversations: Sequence[Conversation]) -> list[str]:

@@ -85,10 +85,12 @@ def test_a_template_that_renders_tools_gets_a_tool_free_system_prompt(smollm2, e
 
 def test_sampling_is_seeded_and_greedy_batching_matches_single(smollm2, embedded_env):
     convs = _conversations(embedded_env, 2)
-    a = TextLLMAgent(smollm2.model, tokenizer=smollm2.tokenizer, max_new_tokens=5, temperature=1.0, seed=5)
-    b = TextLLMAgent(smollm2.model, tokenizer=smollm2.tokenizer, max_new_tokens=5, temperature=1.0, seed=5)
+    short = {"system_prompt": "Answer briefly.", "max_new_tokens": 5}  # short prompts keep this test cheap
+    a = TextLLMAgent(smollm2.model, tokenizer=smollm2.tokenizer, temperature=1.0, seed=5, **short)
+    b = TextLLMAgent(smollm2.model, tokenizer=smollm2.tokenizer, temperature=1.0, seed=5, **short)
     assert a.act_batch(convs) == b.act_batch(convs)
-    greedy = TextLLMAgent(smollm2.model, tokenizer=smollm2.tokenizer, max_new_tokens=5, temperature=0.0)
+    greedy = TextLLMAgent(smollm2.model, tokenizer=smollm2.tokenizer, temperature=0.0, **short)
+    assert greedy.render(convs[0]).startswith("<|im_start|>system\nAnswer briefly.<|im_end|>")
     assert greedy.act_batch(convs) == [greedy.act(convs[0]), greedy.act(convs[1])]  # left padding is inert
 
 

@@ -33,7 +33,7 @@ def _free_port() -> int:
 def smollm2_server():
     """``python -m agents.openai_server`` (SmolLM2-135M-Instruct) on a free loopback port."""
     port = _free_port()
-    env = dict(os.environ, **{KEY_VAR: KEY})
+    env = dict(os.environ, **{KEY_VAR: KEY, "OMP_NUM_THREADS": "1"})  # one thread: no OpenMP spinning on a busy CPU
     proc = subprocess.Popen([sys.executable, "-m", "agents.openai_server", "--port", str(port),
                              "--api-key-env", KEY_VAR], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

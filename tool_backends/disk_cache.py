@@ -29,8 +29,9 @@ from tool_backends.toolbox import ToolCache
 class DiskToolCache(ToolCache):
     """In-memory LRU in front of a directory of pickled results."""
 
-    def __init__(self, directory: str | os.PathLike, max_entries: int = 2048) -> None:
-        super().__init__(max_entries)
+    def __init__(self, directory: str | os.PathLike, max_entries: int = 2048,
+                 max_bytes: int = 128 * 1024 * 1024) -> None:
+        super().__init__(max_entries, max_bytes)  # bounds the memory layer; the directory is unbounded
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.disk_hits = 0
@@ -68,7 +69,7 @@ class DiskToolCache(ToolCache):
             pass  # a full disk loses the cache entry, never the result
 
     def __getstate__(self):
-        return {"max_entries": self.max_entries, "directory": str(self.directory)}
+        return {"max_entries": self.max_entries, "max_bytes": self.max_bytes, "directory": str(self.directory)}
 
     def __setstate__(self, state):
-        self.__init__(state["directory"], state["max_entries"])
+        self.__init__(state["directory"], state["max_entries"], state["max_bytes"])

@@ -120,3 +120,14 @@ def test_cli_list_prints_tools_and_engines(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "segment  engines: classical, oracle, sam, segment_anything, transformers" in out and "hires_render" in out
+
+
+def test_disk_cache_pickles_to_the_same_directory(tmp_path):
+    import pickle
+
+    from tool_backends.base import ToolResult
+
+    cache = DiskToolCache(tmp_path, max_entries=5, max_bytes=10_000)
+    cache.put("k", ToolResult("v"))
+    copy = pickle.loads(pickle.dumps(cache))
+    assert (copy.max_entries, copy.max_bytes) == (5, 10_000) and copy.get("k").text == "v" and copy.disk_hits == 1

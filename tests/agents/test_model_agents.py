@@ -129,3 +129,17 @@ def test_vlm_batching_matches_single_and_refuses_text_models(embedded_env):
     with pytest.raises(ConfigError, match="image_processor="):
         VLMAgent(agent.model, tokenizer=agent.tokenizer)
     assert agent.model.dtype == torch.float32
+
+
+def test_vlm_loads_a_checkpoint_folder_like_a_real_one(tmp_path, embedded_env):
+    """Save a tiny Qwen2.5-VL as a Hugging Face folder and load it by path (the real-checkpoint path)."""
+    from agents.models import load_policy
+
+    model, encoder, _ = load_policy("tiny-qwen2.5-vl", seed=3)
+    model.save_pretrained(tmp_path)
+    encoder.save_pretrained(tmp_path)
+    agent = VLMAgent(str(tmp_path), max_new_tokens=4, temperature=0.0, max_image_side=112)
+    assert agent.config()["model"] == str(tmp_path)
+    assert type(agent.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    conv = _conversations(embedded_env, 1)[0]
+    assert isinstance(agent.act(conv), str)

@@ -203,6 +203,7 @@ def run_load(make_caller: Callable[[], Callable[[str, dict], object]], clients: 
                 bad.append(f"{name}: {type(e).__name__}: {e}")
             mine.append(time.perf_counter() - t0)
             n += 1
+        getattr(call, "close", lambda: None)()
         with lock:
             latencies.extend(mine)
             errors.extend(bad)
@@ -234,7 +235,12 @@ def http_caller(url: str, image: Image.Image, timeout_s: float = 30.0, token_env
 
     def make():
         client = HTTPToolBackend(tools=list(TOOLS), url=url, timeout_s=timeout_s, token_env=token_env, pool_size=2)
-        return lambda name, args: client.call(name, [image], args, context)
+
+        def call(name, args):
+            return client.call(name, [image], args, context)
+
+        call.close = client.close  # run_load closes each client when its worker ends
+        return call
 
     return make
 

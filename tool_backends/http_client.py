@@ -256,7 +256,11 @@ class HTTPToolBackend:
         except ToolBackendError as e:
             status = 504 if "timed out" in str(e) else 502
             return status, json.dumps({"detail": str(e)}).encode()
-        return response.status_code, response.content
+        content = response.content
+        token = os.environ.get(self.token_env) if self.token_env else None
+        if token and response.status_code != 200 and token.encode() in content:  # an upstream echoing our headers
+            content = content.replace(token.encode(), b"[token]")
+        return response.status_code, content
 
     def health(self) -> dict[str, Any]:
         response = self._request("GET", "/health", f"Tool server {self.url}")

@@ -50,6 +50,8 @@ class EchoServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 owner.seen_auth.append(self.headers.get("Authorization", ""))
+                if self.path.endswith("/health"):
+                    return self._send(200, {"status": "ok"})
                 if self.path.endswith("/tools"):  # listing works; calls are where it misbehaves
                     return self._send(200, {"tools": [{"type": "function", "function": {
                         "name": name, "description": "d", "parameters": {"type": "object"}}}
@@ -190,3 +192,17 @@ def test_an_eval_run_writes_no_secret_anywhere(server_factory, tmp_path):
         assert judge.seen_auth and all(a == f"Bearer {SECRET}" for a in judge.seen_auth)
         assert hostile.seen_auth and all(a == f"Bearer {TOOL_SECRET}" for a in hostile.seen_auth)
     assert_absent(*outputs)
+
+
+def test_the_router_does_not_pass_on_its_upstream_token(server_factory):
+    """A router forwards upstream bodies unchanged -- except its own upstream token, if echoed."""
+    import httpx
+
+    with EchoServer("echo", status=500) as upstream:
+        router = server_factory("router", ["--upstream", f"segment={upstream.url}", "--upstream-token-env",
+                                           "HARDEN_TOOL_TOKEN", "--wait-s", "10"],
+                                env={"HARDEN_TOOL_TOKEN": TOOL_SECRET})
+        r = httpx.post(router.url + "/call", json={"tool": "segment", "arguments": {}, "images": []}, timeout=30)
+        assert upstream.seen_auth[-1] == f"Bearer {TOOL_SECRET}"
+    assert r.status_code == 500 and "[token]" in r.text
+    assert_absent(r.text, router.log())

@@ -390,9 +390,10 @@ class EnvPool:
                 pass
         for proc in self._procs:
             if proc is not None:
-                proc.join(timeout=5)
+                proc.join(timeout=10)
                 if proc.is_alive():
                     proc.kill()
+                    proc.join(timeout=5)  # reap it
         self._conns = [None] * self.n_workers
         self._procs = [None] * self.n_workers
         for arena in self._arenas:

@@ -282,9 +282,11 @@ class ToolThenAnswerAgent(Agent):
     every other tool that takes a box or a text prompt (segment, ground, classify) on the same
     region. Turn 2: answer from what the tools said:
 
-    * CLOSED: "no" when the tools report nothing found (negations, zero objects, an error),
-      "yes" when they report a finding; otherwise the prior;
-    * MCQ: the option whose text appears in the tools' text, otherwise the prior;
+    * CLOSED: "yes"/"no" from whether grounding found the question's subject; else "no" when the
+      tools report nothing found (negations, zero objects, an error), "yes" when they report a
+      finding; otherwise the prior;
+    * MCQ: for "how many" questions the option equal to the number of grounded regions; else the
+      option whose text appears in the tools' text; otherwise the prior;
     * OPEN: the top label of a classification/grounding result, otherwise the prior.
     """
 
@@ -343,6 +345,13 @@ class ToolThenAnswerAgent(Agent):
         text = "\n".join(observations(conversation))
         tool_text = re.sub(r"Tool turns left: \d+\.|No tool turns left[^.]*\.", " ", text)
         label = _top_label(tool_text)
+        count = _ground_count(tool_text)
+        if count is not None and kind == AnswerType.CLOSED.value:
+            return "yes" if count else "no"
+        if count is not None and kind == AnswerType.MCQ.value and re.search(r"\bhow many\b", question.lower()):
+            hits = [k for k, v in options.items() if str(v).strip() == str(count)]
+            if len(hits) == 1:
+                return hits[0]
         if kind == AnswerType.MCQ.value and options:
             by_text = {str(v).lower(): k for k, v in options.items()}
             if label in by_text:
@@ -370,17 +379,35 @@ class ToolThenAnswerAgent(Agent):
 
 
 _STOP = {"is", "are", "there", "the", "a", "an", "of", "in", "this", "image", "does", "do", "what", "which",
-         "where", "how", "seen", "present", "visible", "shown", "on", "any", "evidence", "patient", "be"}
+         "where", "how", "many", "much", "seen", "present", "visible", "shown", "on", "any", "evidence",
+         "patient", "be", "can", "you", "see"}
 
 
 def _subject_of(question: str) -> str:
-    """The question's last content words: what the tools should look for.
+    """The question's content words (at most four): what the tools should look for.
 
     >>> _subject_of("Is there a pneumothorax in the left lung?")
-    'left lung'
+    'pneumothorax left lung'
+    >>> _subject_of("How many lesions are visible in this image?")
+    'lesions'
     """
     words = [w for w in _WORD_RE.findall(question.lower()) if w not in _STOP]
-    return " ".join(words[-2:]) if words else "abnormality"
+    return " ".join(words[-4:]) if words else "abnormality"
+
+
+_FOUND_RE = re.compile(r"\[ground\] Found (nothing|\d+)\b")
+
+
+def _ground_count(tool_text: str) -> int | None:
+    """How many regions the grounding tool reported (``None`` if it was not called).
+
+    >>> _ground_count("[ground] Found 2 regions matching 'lesion' ..."), _ground_count("[ground] Found nothing matching")
+    (2, 0)
+    """
+    m = _FOUND_RE.search(tool_text)
+    if m is None:
+        return None
+    return 0 if m.group(1) == "nothing" else int(m.group(1))
 
 
 def _top_label(text: str) -> str | None:

@@ -18,38 +18,54 @@ from tool_backends.base import ToolContext
 from tool_backends.masks import load_mask, mask_bbox
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = {"the", "a", "an", "of", "in", "on", "and", "or", "any", "all", "is", "are", "there", "left", "right"}
+_STOP = {"the", "a", "an", "of", "in", "on", "and", "or", "any", "all", "is", "are", "there", "find", "show",
+         "locate", "image", "this", "visible", "region", "regions", "area"}
+_NEGATION = {"no", "not", "without", "absent"}
+_SYNONYMS = {"tumor": "lesion", "tumour": "lesion", "mass": "lesion", "abnormality": "lesion"}
+
+
+def _concept(text: str) -> tuple[frozenset[str], bool]:
+    """Content words (singular, synonyms folded) and whether the phrase is negated.
+
+    >>> sorted(_concept("the Left Kidneys")[0]), _concept("no lesion")
+    (['kidney', 'left'], (frozenset({'lesion'}), True))
+    """
+    words, negated = set(), False
+    for w in _WORD.findall(text.lower()):
+        if w in _NEGATION:
+            negated = True
+        elif w not in _STOP and len(w) > 1:
+            w = w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+            words.add(_SYNONYMS.get(w, w))
+    return frozenset(words), negated
+
+
+def match_rank(label: str, text: str) -> int:
+    """How well annotation ``label`` answers the query ``text``: 2 the same concept, 1 the query's
+    every content word is in the label ("kidney" -> "left kidney", "lesion" -> "liver lesion"),
+    0 otherwise. Negation must agree ("lesion" never matches "no lesion"), and a label never
+    answers a query that asks for more ("liver lesion" does not match the organ "liver").
+
+    >>> match_rank("left kidney", "the left kidney"), match_rank("right kidney", "left kidney")
+    (2, 0)
+    >>> match_rank("liver lesion", "lesions"), match_rank("liver", "liver lesion"), match_rank("no lesion", "lesion")
+    (1, 0, 0)
+    """
+    (lw, ln), (qw, qn) = _concept(label), _concept(text)
+    if not lw or not qw or ln != qn:
+        return 0
+    if lw == qw:
+        return 2
+    return 1 if qw <= lw else 0
 
 
 def label_matches(label: str, text: str) -> bool:
-    """Whether annotation ``label`` answers the query ``text`` (substring or a shared content word).
+    """Whether annotation ``label`` answers the query ``text`` (see :func:`match_rank`).
 
     >>> label_matches("left kidney", "kidneys"), label_matches("liver", "find the tumour")
     (True, False)
     """
-    a, b = label.lower().strip(), text.lower().strip()
-    if not a or not b:
-        return False
-    if a in b or b in a:
-        return True
-    wa = {w.rstrip("s") for w in _WORD.findall(a) if w not in _STOP and len(w) > 2}
-    wb = {w.rstrip("s") for w in _WORD.findall(b) if w not in _STOP and len(w) > 2}
-    return bool(wa & wb)
-
-
-def match_rank(label: str, text: str) -> int:
-    """2: one contains the other; 1: a shared content word; 0: no match. Callers keep only the
-    best rank found, so "left kidney" picks the left kidney even though "right kidney" shares a word.
-
-    >>> match_rank("left kidney", "the left kidney"), match_rank("right kidney", "left kidney")
-    (2, 1)
-    """
-    a, b = label.lower().strip(), text.lower().strip()
-    if not a or not b:
-        return 0
-    if a in b or b in a:
-        return 2
-    return 1 if label_matches(label, text) else 0
+    return match_rank(label, text) > 0
 
 
 def best_matches(labels, text: str) -> list[int]:

@@ -44,38 +44,42 @@ def reward_seconds(batch, dataset) -> float:
     return time.perf_counter() - t0
 
 
-def one_config(pool_kind: str, args: Args, model, encoder, reference, steps: int) -> dict[str, float]:
+def run_configs(kinds, args: Args, model, encoder, reference, steps: int) -> dict[str, dict[str, float]]:
+    """Alternate the pools step by step (so drifting load on a shared machine hits both alike)."""
     kw = env_kwargs(args.dataset, args.split, args.tools, args.max_turns)
     n = args.prompts_per_step * args.group_size
-    pool = make_pool(pool_kind, kw, n, **({"num_workers": 2} if pool_kind == "ray" else {}))
+    pools = {k: make_pool(k, kw, n, **({"num_workers": 2} if k == "ray" else {})) for k in kinds}
     dataset = load_dataset(args.dataset, split=args.split)
     idx = select_indices(args.dataset, args.split, args.answer_types)
     algo = get_algorithm(args.algo)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     gen = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    acc = {"generation_s": 0.0, "env_wait_s": 0.0, "tool_s": 0.0, "reward_s": 0.0, "rollout_s": 0.0,
-           "update_s": 0.0, "tokens": 0.0}
+    keys = ("generation_s", "env_wait_s", "tool_s", "reward_s", "rollout_s", "update_s", "tokens")
+    acc = {k: dict.fromkeys(keys, 0.0) for k in kinds}
     for step in range(steps + 1):  # step 0 warms up
         chosen = [idx[(step * args.prompts_per_step + k) % len(idx)] for k in range(args.prompts_per_step)]
         req, groups = group_requests([(step, i) for i in chosen], args.group_size)
-        t0 = time.perf_counter()
-        batch = collect_rollouts(gen, pool, encoder, req, groups, micro_batch=max(1, n // 2))
-        rollout = time.perf_counter() - t0
-        adv = compute_advantages(algo.advantage, AdvantageInput(batch.rewards, batch.group_index), algo.config)
-        t0 = time.perf_counter()
-        update_policy(model, reference, encoder, opt, batch, adv, torch.ones(len(adv), dtype=torch.bool), algo, args)
-        update = time.perf_counter() - t0
-        if step == 0:
-            continue
-        acc["generation_s"] += batch.timings["generation_s"]
-        acc["env_wait_s"] += batch.timings["env_wait_s"]
-        acc["tool_s"] += sum(t.tool_latency_s for t in batch.trajectories)
-        acc["reward_s"] += reward_seconds(batch, dataset)
-        acc["rollout_s"] += rollout
-        acc["update_s"] += update
-        acc["tokens"] += batch.timings["generated_tokens"]
-    pool.close()
-    return {k: v / steps for k, v in acc.items()}
+        for kind in kinds:
+            t0 = time.perf_counter()
+            batch = collect_rollouts(gen, pools[kind], encoder, req, groups, micro_batch=max(1, n // 2))
+            rollout = time.perf_counter() - t0
+            adv = compute_advantages(algo.advantage, AdvantageInput(batch.rewards, batch.group_index), algo.config)
+            t0 = time.perf_counter()
+            update_policy(model, reference, encoder, opt, batch, adv, torch.ones(len(adv), dtype=torch.bool), algo, args)
+            update = time.perf_counter() - t0
+            if step == 0:
+                continue
+            a = acc[kind]
+            a["generation_s"] += batch.timings["generation_s"]
+            a["env_wait_s"] += batch.timings["env_wait_s"]
+            a["tool_s"] += sum(t.tool_latency_s for t in batch.trajectories)
+            a["reward_s"] += reward_seconds(batch, dataset)
+            a["rollout_s"] += rollout
+            a["update_s"] += update
+            a["tokens"] += batch.timings["generated_tokens"]
+    for p in pools.values():
+        p.close()
+    return {k: {m: v / steps for m, v in a.items()} for k, a in acc.items()}
 
 
 def main(argv=None) -> str:
@@ -93,12 +97,14 @@ def main(argv=None) -> str:
     args = Args(policy=policy, answer_types="CLOSED", prompts_per_step=4, group_size=4, max_new_tokens=32,
                 micro_batch=16, tools="ground=oracle", kl_coef=0.01)
     model, encoder, kind, reference = build_policy(policy, SHORT_SYSTEM_PROMPT, 0, 0, 0, need_reference=True)
-    rows = {kind_: one_config(kind_, args, model, encoder, reference, steps) for kind_ in ("local", "ray")}
+    rows = run_configs(("local", "ray"), args, model, encoder, reference, steps)
     cmd = "python benchmarks/bench_train.py" + (" --quick" if ns.quick else "") + (f" --policy {ns.policy}" if ns.policy else "")
     lines = ["## Training step: where the time goes", "", f"`{cmd}`", "",
              f"Policy `{policy}` ({kind}), {args.prompts_per_step} questions x {args.group_size} rollouts, "
              f"`{args.tools}` tool, up to {args.max_turns} tool turn, {args.max_new_tokens} new tokens per turn, "
-             f"GRPO update with k3 KL; mean of {steps} step(s) after one warm-up; torch 1 thread.", "",
+             f"GRPO update with k3 KL; mean of {steps} step(s) after one warm-up, the two pools alternating "
+             f"step by step; torch 1 thread. Tool calls and rewards run inside the env step (in the actors for "
+             f"Ray), so they show up in 'waiting for envs' only when generation does not hide them.", "",
              "| phase (s per step) | local pool | Ray pool | Ray / local |", "|---|---:|---:|---:|"]
     names = [("generation", "generation_s"), ("tool calls (sum of latencies)", "tool_s"),
              ("reward (default reward on the batch)", "reward_s"), ("waiting for envs", "env_wait_s"),

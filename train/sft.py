@@ -60,6 +60,8 @@ class Args:
     """question types to use"""
     tools: str = "ground=oracle"
     """tools as name[=engine],..."""
+    tool_share: float = 1.0
+    """share of gold trajectories that use a tool (the rest answer directly; < 1 leaves RL a choice)"""
     max_turns: int = 1
     """tool turns per episode"""
     batch_size: int = 8
@@ -99,11 +101,15 @@ def gold_tool_call(record: VQARecord, tools: list[str]) -> str | None:
     return None
 
 
-def gold_script(dataset, tools: list[str]) -> Callable[[Conversation], str]:
-    """The scripted agent: first turn the gold tool call (if any), then ``\\boxed{gold}``."""
+def gold_script(dataset, tools: list[str], tool_share: float = 1.0, seed: int = 0) -> Callable[[Conversation], str]:
+    """The scripted agent: first turn the gold tool call (if any), then ``\\boxed{gold}``. With
+    ``tool_share < 1`` a fixed (seeded, per-record) share of the questions is answered directly."""
+    import random
+
     def script(conv: Conversation) -> str:
         record = dataset[dataset.index_of(conv.info["record_id"])]
-        call = gold_tool_call(record, tools) if conv.turns == 0 else None
+        use_tool = random.Random(f"{seed}:{record.id}").random() < tool_share
+        call = gold_tool_call(record, tools) if conv.turns == 0 and use_tool else None
         return call if call else f"\\boxed{{{record.answer}}}"
     return script
 
@@ -128,7 +134,8 @@ def main(args: Args) -> dict[str, float]:
     model, encoder, kind, _ = build_policy(args.policy, args.system_prompt, args.train_layers, args.lora_rank,
                                            args.seed, need_reference=False)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-    script = ScriptedGenerator(encoder, gold_script(dataset, list(pool.envs[0].toolbox.names)))
+    script = ScriptedGenerator(encoder, gold_script(dataset, list(pool.envs[0].toolbox.names), args.tool_share,
+                                                      args.seed))
     logger = MetricsLogger(out, tensorboard=args.tensorboard)
     (out / "args.json").write_text(json.dumps(asdict(args), indent=1))
     trainable, total = count_trainable(model)

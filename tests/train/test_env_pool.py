@@ -18,6 +18,10 @@ def pool(request):
     p = make_pool(request.param, KWARGS, size=4, **options)
     yield p
     p.close()
+    if request.param == "ray":  # leave no Ray running for later test modules
+        import ray
+
+        ray.shutdown()
 
 
 def test_same_seed_and_index_give_identical_episodes(pool):

@@ -93,6 +93,8 @@ def test_under_ray_armed_thresholds_are_shared_by_workers(monkeypatch):
     from train.verl_integration import reward as reward_mod
 
     monkeypatch.setattr(reward_mod, "_REWARDS", {})
+    if ray.is_initialized():  # another module's Ray: this test needs its own namespace
+        ray.shutdown()
     ray.init(num_cpus=1, include_dashboard=False, namespace="verl-reward-test", log_to_driver=False)
     try:
         worker_a = reward_mod.shared_reward()  # "auto" resolves to "ray" inside a Ray job

@@ -183,7 +183,7 @@ def _reference_logprobs(model, reference, mb, encoder):
 # ==============================================================================================
 # Main loop
 # ==============================================================================================
-def main(args: Args) -> dict[str, float]:
+def main(args: Args) -> dict[str, float] | int:
     if args.engine == "verl":
         return dispatch_verl(args)
     if args.engine != "native":
@@ -283,4 +283,6 @@ def main(args: Args) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(parse_args(Args))
+    result = main(parse_args(Args))
+    if isinstance(result, int):  # the verl launcher returns an exit code
+        raise SystemExit(result)

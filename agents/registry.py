@@ -13,14 +13,14 @@ medvqa_env.errors.ConfigError: Unknown agent 'promp'. Available: [...]. Did you 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 from agents.base import Agent
-from medvqa_env.errors import ConfigError, unknown_name_message
+from medvqa_env.errors import ConfigError
+from medvqa_env.registry import Registry
 
 AgentFactory = Callable[..., Agent]
-_AGENTS: dict[str, str | AgentFactory] = {
+AGENTS: Registry[Agent] = Registry("agent", {
     # name -> "module:callable" (imported on first use) or a registered factory.
     "random": "agents.baselines:RandomAgent",
     "prior": "agents.registry:_build_prior",
@@ -29,42 +29,22 @@ _AGENTS: dict[str, str | AgentFactory] = {
     "openai": "agents.openai_agent:OpenAIAgent",
     "vlm": "agents.vlm:VLMAgent",
     "text-llm": "agents.text_llm:TextLLMAgent",
-}
-_ALIASES = {"answer-prior": "prior", "tool-then-answer": "zoom-then-answer", "endpoint": "openai",
-            "qwen-vl": "vlm", "llm": "text-llm"}
+}, aliases={"answer-prior": "prior", "tool-then-answer": "zoom-then-answer", "endpoint": "openai",
+            "qwen-vl": "vlm", "llm": "text-llm"})
 
 
 def register_agent(name: str) -> Callable[[AgentFactory], AgentFactory]:
     """Decorator: register ``factory(**options) -> Agent`` under ``name``."""
-
-    def wrap(factory: AgentFactory) -> AgentFactory:
-        if name in _AGENTS and _AGENTS[name] is not factory:
-            raise ConfigError(f"agent {name!r} is already registered")
-        _AGENTS[name] = factory
-        return factory
-
-    return wrap
+    return AGENTS.register(name)
 
 
 def available_agents() -> list[str]:
-    return sorted(_AGENTS)
+    return AGENTS.names()
 
 
 def build_agent(name: str, **options: Any) -> Agent:
     """Build agent ``name`` (see :func:`available_agents`) with ``options``."""
-    key = _ALIASES.get(name, name)
-    try:
-        target = _AGENTS[key]
-    except KeyError:
-        # Doctest above shows the shape; the list is elided there.
-        raise ConfigError(unknown_name_message("agent", name, _AGENTS)) from None
-    if isinstance(target, str):
-        module, attr = target.split(":")
-        target = getattr(importlib.import_module(module), attr)
-    try:
-        return target(**options)
-    except TypeError as e:
-        raise ConfigError(f"bad options for agent {name!r}: {e}") from None
+    return AGENTS.build(name, **options)
 
 
 def _load_dataset(value: Any, what: str, split: str):

@@ -7,14 +7,13 @@ from rewards.rule import ExactMatchReward, RuleReward, answer_matches
 def default_reward() -> RewardFunction:
     """Seed 000's reward: rule ±1 for CLOSED and MCQ, ARMed for OPEN (exact match if ARMed's
     metric libraries are not installed)."""
-    try:
-        from rewards.armed import ARMedReward
+    from rewards.registry import build_reward
 
-        open_reward: RewardFunction = ARMedReward()
-    except ImportError:
-        open_reward = ExactMatchReward()
-    rule = RuleReward()
-    return ByAnswerType(closed=rule, mcq=rule, open=open_reward)
+    try:
+        return build_reward("default")
+    except ImportError:  # the `rewards` extra (torch, bert-score, ...) is not installed
+        rule = RuleReward()
+        return ByAnswerType(closed=rule, mcq=rule, open=ExactMatchReward())
 
 
 __all__ = ["ByAnswerType", "RewardFunction", "RewardInput", "RewardOutput", "WeightedSum", "RuleReward",

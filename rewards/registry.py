@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from medvqa_env.errors import ConfigError, unknown_name_message
+from medvqa_env.errors import ConfigError
+from medvqa_env.registry import Registry
 from rewards.base import ByAnswerType, RewardFunction
 
 RewardFactory = Callable[..., RewardFunction]
-_FACTORIES: dict[str, RewardFactory] = {}
+REWARDS: Registry[RewardFunction] = Registry("reward")
 SHAPING_SUFFIX = "+tools"
 
 
@@ -37,19 +38,12 @@ def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator: register ``factory(**options) -> RewardFunction`` under ``name``."""
     if SHAPING_SUFFIX in name:
         raise ConfigError(f"expected a reward name without {SHAPING_SUFFIX!r}, got {name!r}")
-
-    def wrap(factory: RewardFactory) -> RewardFactory:
-        if name in _FACTORIES and _FACTORIES[name] is not factory:
-            raise ConfigError(f"reward {name!r} is already registered")
-        _FACTORIES[name] = factory
-        return factory
-
-    return wrap
+    return REWARDS.register(name)
 
 
 def available_rewards() -> list[str]:
     """Registered base names (each also exists with ``+tools``)."""
-    return sorted(_FACTORIES)
+    return REWARDS.names()
 
 
 def build_reward(name: str, *, tool_shaping: dict[str, Any] | None = None, **options: Any) -> RewardFunction:
@@ -61,14 +55,7 @@ def build_reward(name: str, *, tool_shaping: dict[str, Any] | None = None, **opt
         base_name, shaped = name[: -len(SHAPING_SUFFIX)], True
     if tool_shaping is not None and not shaped:
         raise ConfigError(f"tool_shaping options given but {name!r} has no {SHAPING_SUFFIX!r} suffix")
-    try:
-        factory = _FACTORIES[base_name]
-    except KeyError:
-        raise ConfigError(unknown_name_message("reward", base_name, _FACTORIES)) from None
-    try:
-        reward = factory(**options)
-    except TypeError as e:
-        raise ConfigError(f"bad options for reward {base_name!r}: {e}") from None
+    reward = REWARDS.build(base_name, **options)
     if shaped:
         from rewards.shaping import ToolUseShaping
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from medvqa_env.errors import ConfigError, unknown_name_message
 from medvqa_env.records import VQADataset
+from medvqa_env.registry import Registry
 
 Loader = Callable[..., VQADataset]
-_LOADERS: dict[str, str] = {
+DATASETS: Registry[VQADataset] = Registry("dataset", {
     # name -> "module:function"; imported on first use so optional loaders cost nothing.
     "embedded": "medvqa_env.datasets.embedded:load_embedded",
     "jsonl": "medvqa_env.datasets.jsonl:load_jsonl",
@@ -21,31 +21,24 @@ _LOADERS: dict[str, str] = {
     "pathvqa": "medvqa_env.datasets.pathvqa:load_pathvqa",
     "pmcvqa": "medvqa_env.datasets.pmcvqa:load_pmcvqa",
     "hf": "medvqa_env.datasets.hf:load_hf",
-}
+})
 
 
 def available_datasets() -> list[str]:
-    return sorted(_LOADERS)
+    return DATASETS.names()
 
 
-def register_dataset(name: str, target: str) -> None:
-    """Register a loader as ``"package.module:function"`` (called with ``split=`` and options)."""
-    _LOADERS[name] = target
+def register_dataset(name: str, target: str | Loader) -> None:
+    """Register a loader (or ``"package.module:function"``), called with ``split=`` and options."""
+    DATASETS.add(name, target)
 
 
 def get_loader(name: str) -> Loader:
-    import importlib
-
-    try:
-        target = _LOADERS[name]
-    except KeyError:
-        raise ConfigError(unknown_name_message("dataset", name, _LOADERS)) from None
-    module, func = target.split(":")
-    return getattr(importlib.import_module(module), func)
+    return DATASETS.get(name)
 
 
 def load_dataset(name: str, split: str = "test", **options: Any) -> VQADataset:
     """Load dataset ``name`` (see :func:`available_datasets`); a ``.jsonl`` path also works."""
-    if name.endswith((".jsonl", ".json")) and name not in _LOADERS:
-        return get_loader("jsonl")(path=name, split=split, **options)
-    return get_loader(name)(split=split, **options)
+    if name.endswith((".jsonl", ".json")) and name not in DATASETS:
+        return DATASETS.build("jsonl", path=name, split=split, **options)
+    return DATASETS.build(name, split=split, **options)

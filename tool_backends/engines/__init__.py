@@ -13,12 +13,12 @@ medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classi
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from medvqa_env.errors import ConfigError, unknown_name_message
+from medvqa_env.registry import Registry
 
-ENGINES: dict[str, dict[str, str]] = {
+_TABLES: dict[str, dict[str, str]] = {
     "segment": {
         "classical": "tool_backends.engines.classical:ClassicalSegmenter",
         "oracle": "tool_backends.engines.oracle:OracleSegmenter",
@@ -46,6 +46,7 @@ ENGINES: dict[str, dict[str, str]] = {
     },
 }
 
+ENGINES: dict[str, Registry] = {kind: Registry(f"{kind} engine", table) for kind, table in _TABLES.items()}
 
 TOOL_ENGINE_KIND = {"segment": "segment", "ground": "ground", "classify": "classify", "hires_render": "hires"}
 """Which engine table each registered tool chooses from (``image_zoom_in`` has no engine)."""
@@ -53,15 +54,7 @@ TOOL_ENGINE_KIND = {"segment": "segment", "ground": "ground", "classify": "class
 
 def build_engine(kind: str, name: str, **options: Any):
     """Import and build engine ``name`` for tool kind ``kind`` with ``options``."""
-    table = ENGINES.get(kind)
-    if table is None:
+    registry = ENGINES.get(kind)
+    if registry is None:
         raise ConfigError(unknown_name_message("engine kind", kind, ENGINES))
-    target = table.get(name)
-    if target is None:
-        raise ConfigError(unknown_name_message(f"{kind} engine", name, table))
-    module, cls = target.split(":")
-    factory = getattr(importlib.import_module(module), cls)
-    try:
-        return factory(**options)
-    except TypeError as e:
-        raise ConfigError(f"bad options for {kind} engine {name!r}: {e}") from None
+    return registry.build(name, **options)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -79,7 +78,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     assert 2 <= killed_at < 6, "the run should have been killed mid-way"
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"resumed from" in done.stdout
+    assert "resumed from" in done.stdout
     assert latest_checkpoint(out).name == "step_000006"
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps == list(range(0, 7))

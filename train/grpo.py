@@ -11,6 +11,7 @@ A killed run resumes from its last checkpoint with ``--resume true`` (the defaul
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -282,7 +283,29 @@ def main(args: Args) -> dict[str, float] | int:
     return metrics if args.steps > start_step else {}
 
 
+def verl_argv(argv: list[str]) -> list[str] | None:
+    """``argv`` without ``--engine verl`` when it asks for verl (``None`` otherwise), so the verl
+    launcher gets its own flags (``--dry-run``, ``key=value`` overrides) untouched.
+
+    >>> verl_argv(["--engine", "verl", "--dry-run", "data.train_batch_size=16"])
+    ['--dry-run', 'data.train_batch_size=16']
+    >>> verl_argv(["--steps", "3"]) is None
+    True
+    """
+    for i, arg in enumerate(argv):
+        if arg == "--engine=verl":
+            return argv[:i] + argv[i + 1:]
+        if arg == "--engine" and argv[i + 1:i + 2] == ["verl"]:
+            return argv[:i] + argv[i + 2:]
+    return None
+
+
 if __name__ == "__main__":
+    forwarded = verl_argv(sys.argv[1:])
+    if forwarded is not None:
+        from train.verl_integration.launch import run
+
+        raise SystemExit(run(forwarded))
     result = main(parse_args(Args))
     if isinstance(result, int):  # the verl launcher returns an exit code
         raise SystemExit(result)

@@ -132,7 +132,7 @@ class ChatEncoder:
         if not used:
             return Encoded(ids)
         pixel_values, grid = self._images(used)
-        return Encoded(_expand_image_pads(ids, self.image_pad_id(), grid, self.merge_size), pixel_values, grid)
+        return Encoded(expand_image_pads(ids, self.image_pad_id(), grid, self.merge_size), pixel_values, grid)
 
     def conversation(self, conv: Conversation) -> Encoded:
         """The whole chat so far, ending with an open assistant turn (a generation prompt)."""
@@ -173,9 +173,13 @@ class ChatEncoder:
             self.image_processor.save_pretrained(path)
 
 
-def _expand_image_pads(ids: list[int], pad_id: int, grid: torch.Tensor, merge_size: int) -> list[int]:
+def expand_image_pads(ids: list[int], pad_id: int, grid: torch.Tensor, merge_size: int) -> list[int]:
     """Repeat each ``<|image_pad|>`` to the number of merged patches of its image
-    (``grid_thw.prod() // merge_size**2``), as Qwen's processor does."""
+    (``grid_thw.prod() // merge_size**2``), as Qwen's processor does.
+
+    >>> expand_image_pads([1, 9, 2], 9, torch.tensor([[1, 4, 4]]), 2)
+    [1, 9, 9, 9, 9, 2]
+    """
     counts = [int(g.prod()) // merge_size**2 for g in grid]
     out, k = [], 0
     for t in ids:

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
+from agents.models import expand_image_pads
 from agents.text_llm import TextLLMAgent, _left_pad
 from medvqa_env.chat import Conversation
 from medvqa_env.errors import ConfigError
@@ -116,20 +117,3 @@ class VLMAgent(TextLLMAgent):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "max_image_side": self.max_image_side, "merge_size": self.merge_size}
-
-
-def expand_image_pads(ids: list[int], pad_id: int, grid: torch.Tensor, merge_size: int) -> list[int]:
-    """Repeat the k-th ``pad_id`` ``grid[k].prod() // merge_size**2`` times.
-
-    >>> expand_image_pads([1, 9, 2], 9, torch.tensor([[1, 4, 4]]), 2)
-    [1, 9, 9, 9, 9, 2]
-    """
-    counts = [int(g.prod()) // merge_size**2 for g in grid]
-    out, k = [], 0
-    for t in ids:
-        if t == pad_id:
-            out.extend([pad_id] * counts[k])
-            k += 1
-        else:
-            out.append(t)
-    return out

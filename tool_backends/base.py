@@ -201,6 +201,18 @@ def image_digest(image: Image.Image) -> str:
     return digest
 
 
+def source_image(images: Sequence[Image.Image], index: int) -> tuple[Image.Image, int]:
+    """The episode image at ``index`` and its index counted from the start (for ``data``).
+
+    >>> from PIL import Image
+    >>> imgs = [Image.new("RGB", (4, 4)), Image.new("RGB", (8, 8))]
+    >>> source_image(imgs, -1)[1]
+    1
+    """
+    image = pick_image(images, index)
+    return image, index if index >= 0 else len(images) + index
+
+
 def pick_image(images: Sequence[Image.Image], index: int) -> Image.Image:
     """The episode image at ``index`` (negative counts from the end), or a clear ToolError."""
     if not images:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from medvqa_env.errors import ToolError
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, resolve_bbox
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
@@ -58,9 +58,7 @@ class ClassifyTool(Tool):
         )
 
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        index = arguments["image_index"]
-        image = pick_image(images, index)
-        source = index if index >= 0 else len(images) + index
+        image, source = source_image(images, arguments["image_index"])
         labels = [lab.strip() for lab in arguments["labels"]]
         if any(not lab for lab in labels):
             raise ToolError("classify labels must be non-empty strings.")

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from medvqa_env.errors import ToolError
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.engines import build_engine
 from tool_backends.masks import draw_boxes
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
@@ -64,9 +64,7 @@ class GroundTool(Tool):
         )
 
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        index = arguments["image_index"]
-        image = pick_image(images, index)
-        source = index if index >= 0 else len(images) + index
+        image, source = source_image(images, arguments["image_index"])
         text = arguments["text"].strip()
         if not text:
             raise ToolError("ground needs a non-empty 'text' saying what to find.")

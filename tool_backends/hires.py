@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, expand_to_min_size, resolve_bbox
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
@@ -47,9 +47,7 @@ class HiresRenderTool(Tool):
         )
 
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        index = arguments["image_index"]
-        image = pick_image(images, index)
-        source = index if index >= 0 else len(images) + index
+        image, source = source_image(images, arguments["image_index"])
         w, h = image.size
         if "bbox" in arguments:
             box = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from medvqa_env.errors import ToolError
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, resolve_bbox
 from tool_backends.masks import count_components, mask_bbox, mask_to_rle, overlay_mask
@@ -70,9 +70,7 @@ class SegmentTool(Tool):
         )
 
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        index = arguments["image_index"]
-        image = pick_image(images, index)
-        source = index if index >= 0 else len(images) + index
+        image, source = source_image(images, arguments["image_index"])
         if "bbox" not in arguments and "point" not in arguments:
             raise ToolError("segment needs a prompt: give 'bbox' [x0, y0, x1, y1] or 'point' [x, y].")
         if max(image.size) > self.max_side:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, pick_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, expand_to_min_size, resolve_bbox
 
 
@@ -54,12 +54,10 @@ class ZoomTool(Tool):
         )
 
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
-        index = arguments["image_index"]
-        image = pick_image(images, index)
+        image, source = source_image(images, arguments["image_index"])
         box = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])
         box = expand_to_min_size(box, image.size, self.min_size)
         crop = crop_and_resize(image, box, self.target_short_side, self.max_side)
-        source = index if index >= 0 else len(images) + index
         return ToolResult(
             text=f"Zoomed into region {list(box)} (pixels) of image {source}; enlarged to {crop.size[0]}x{crop.size[1]}.",
             images=[crop],

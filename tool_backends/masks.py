@@ -18,39 +18,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
+from medvqa_env.masks import mask_to_rle, rle_to_mask  # noqa: F401  (one RLE for the project)
+
 OVERLAY_COLOR = (255, 48, 48)
 BOX_COLORS = ((255, 64, 64), (64, 200, 255), (255, 220, 0), (80, 255, 120), (255, 120, 255))
-
-
-def mask_to_rle(mask: np.ndarray) -> dict[str, Any]:
-    """COCO uncompressed RLE of a 2-D boolean mask (see the module doctest)."""
-    mask = np.asarray(mask)
-    if mask.ndim != 2:
-        raise ValueError(f"expected a 2-D mask, got shape {mask.shape}")
-    flat = mask.astype(bool).ravel(order="F")
-    if flat.size == 0:
-        return {"size": list(mask.shape), "counts": []}
-    change = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-    bounds = np.concatenate([[0], change, [flat.size]])
-    counts = np.diff(bounds).tolist()
-    if flat[0]:
-        counts = [0] + counts
-    return {"size": [int(mask.shape[0]), int(mask.shape[1])], "counts": [int(c) for c in counts]}
-
-
-def rle_to_mask(rle: Mapping[str, Any]) -> np.ndarray:
-    """Inverse of :func:`mask_to_rle`."""
-    try:
-        h, w = (int(v) for v in rle["size"])
-        counts = [int(c) for c in rle["counts"]]
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"expected an RLE {{'size': [h, w], 'counts': [...]}}, got {rle!r}") from None
-    if sum(counts) != h * w or any(c < 0 for c in counts):
-        raise ValueError(f"expected RLE counts summing to {h * w}, got {sum(counts)}")
-    values = np.zeros(len(counts), bool)
-    values[1::2] = True
-    flat = np.repeat(values, counts)
-    return flat.reshape((h, w), order="F")
 
 
 def mask_bbox(mask: np.ndarray) -> list[int] | None:

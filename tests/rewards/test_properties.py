@@ -25,9 +25,10 @@ def test_squash_stays_in_unit_interval_and_is_monotone(x, t, a_pos, a_neg):
 def test_thresholds_move_boundedly_and_stay_clipped(batches, delta):
     t = AdaptiveThresholds(AdaptiveConfig(delta_max=delta, buffer_size=16), metrics=["cosine"])
     for values in batches:
-        before = t.peek()["cosine"]
-        t.step({"cosine": values})
-        after = t.peek()["cosine"]
+        before = t.current()["cosine"]
+        t.observe({"cosine": values})
+        assert t.current()["cosine"] == before
+        after = t.end_batch()["cosine"]
         assert 0.0 <= after <= 0.95 and abs(after - before) <= delta + 1e-12
         assert len(t.buffers["cosine"]) <= 16
 

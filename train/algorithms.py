@@ -42,13 +42,16 @@ class AlgoConfig:
     """Divide group-centred rewards by the group's std (GRPO); Dr.GRPO turns it off."""
     eps: float = 1e-6
     """Added to std before dividing."""
-    loss_agg: str = "seq-mean-token-mean"
-    """How token losses become one number: ``seq-mean-token-mean`` (GRPO), ``token-mean`` (DAPO),
-    ``seq-mean-token-sum-norm`` (Dr.GRPO: token sums over a constant ``norm_len``)."""
+    loss_agg: str = "token-mean"
+    """How token losses become one number (:data:`LOSS_AGGREGATIONS`): ``token-mean`` (every
+    trained token of the batch weighs the same; verl 0.9.1's default ``loss_agg_mode`` and DAPO's
+    token-level loss), ``seq-mean-token-mean`` (each sequence's token mean, then the mean over
+    sequences: the GRPO and GSPO papers' formula), ``seq-mean-token-sum-norm`` (Dr.GRPO: token sums
+    over a constant ``norm_len``, then the mean over sequences)."""
     norm_len: int = 64
     """Dr.GRPO's constant divisor (the generation budget in tokens)."""
     egc_scale: float = 1.0
-    """GRASP: size of the extreme-group correction."""
+    """GRASP: size (kappa) of the extreme-group correction."""
     sft_max_weight: float = 0.5
     """GRASP: SFT weight for an all-wrong group (lambda_max)."""
     sft_gamma: float = 1.0
@@ -197,18 +200,42 @@ def drgrpo_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
 
 @register_advantage("grasp_egc")
 def egc_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
-    """GSPO-EGC (GRASP): group-normalised advantages, except for extreme groups, which get
-    ``+egc_scale * (1 - running_accuracy)`` when all correct and ``-egc_scale * running_accuracy``
-    when all wrong -- solving a usually-failed question is rewarded more, failing a
-    usually-solved one is penalised more."""
+    """GSPO-EGC (GRASP, seed 002 §3.2 and App. A): group-centred rewards divided by the std of the
+    *batch's* rewards (not the group's: a group of nearly identical rewards is not stretched to unit
+    variance), plus an extreme-group correction added to every member of a group whose answers are
+    all correct (``+egc_scale * (1 - running_accuracy)``) or all wrong (``-egc_scale *
+    running_accuracy``); mixed groups get no correction. Solving a usually-failed question is
+    rewarded more, failing a usually-solved one is penalised more. Groups are classified by
+    ``correct`` (exact-match accuracy), not by the reward.
+
+    >>> r = torch.tensor([2.5, 2.3, 0.1, 0.0])            # group 0 all correct, group 1 all wrong
+    >>> inp = AdvantageInput(r, torch.tensor([0, 0, 1, 1]), torch.tensor([1., 1., 0., 0.]), running_accuracy=0.25)
+    >>> [round(x, 3) for x in egc_advantage(inp, AlgoConfig(egc_scale=1.0)).tolist()]
+    [0.824, 0.676, -0.213, -0.287]
+    """
     if inp.correct is None:
         raise ValueError("expected AdvantageInput.correct for grasp_egc, got None")
-    adv = grpo_advantage(inp, cfg)
-    acc, _ = group_stats(inp.correct.float(), inp.group_index)
-    ra = float(min(1.0, max(0.0, inp.running_accuracy)))
-    adv = torch.where(acc >= 1.0, torch.full_like(adv, cfg.egc_scale * (1.0 - ra)), adv)
-    adv = torch.where(acc <= 0.0, torch.full_like(adv, -cfg.egc_scale * ra), adv)
-    return adv
+    rewards = inp.rewards.float()
+    mean, _ = group_stats(rewards, inp.group_index)
+    batch_std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
+    adv = (rewards - mean) / (batch_std + cfg.eps)
+    return adv + egc_correction(inp.correct, inp.group_index, inp.running_accuracy, cfg.egc_scale)
+
+
+def egc_correction(correct: torch.Tensor, group_index: torch.Tensor, running_accuracy: float,
+                   scale: float = 1.0) -> torch.Tensor:
+    """Per rollout: ``+scale * (1 - acc_run)`` in all-correct groups, ``-scale * acc_run`` in
+    all-wrong groups, 0 in mixed ones.
+
+    >>> c = egc_correction(torch.tensor([1., 1., 0., 0., 1., 0.]), torch.tensor([0, 0, 1, 1, 2, 2]), 0.8)
+    >>> [round(x, 3) for x in c.tolist()]
+    [0.2, 0.2, -0.8, -0.8, 0.0, 0.0]
+    """
+    acc, _ = group_stats(correct.float(), group_index)
+    ra = float(min(1.0, max(0.0, running_accuracy)))
+    out = torch.zeros_like(acc)
+    out = torch.where(acc >= 1.0, torch.full_like(acc, scale * (1.0 - ra)), out)
+    return torch.where(acc <= 0.0, torch.full_like(acc, -scale * ra), out)
 
 
 def compute_advantages(name: str, inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
@@ -219,8 +246,12 @@ def compute_advantages(name: str, inp: AdvantageInput, cfg: AlgoConfig) -> torch
 # ==============================================================================================
 # Policy losses
 # ==============================================================================================
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
 def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
-    """Reduce ``[B, T]`` token losses to a scalar by ``cfg.loss_agg`` (padding excluded)."""
+    """Reduce ``[B, T]`` token losses to a scalar by ``cfg.loss_agg`` (padding excluded), as verl's
+    ``agg_loss`` does on one data-parallel rank."""
     mask = mask.float()
     if cfg.loss_agg == "token-mean":
         return (token_loss * mask).sum() / mask.sum().clamp(min=1)
@@ -229,8 +260,7 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, cfg: AlgoConfig) -> 
         return per_seq.mean()
     if cfg.loss_agg == "seq-mean-token-sum-norm":
         return ((token_loss * mask).sum(-1) / cfg.norm_len).mean()
-    raise ConfigError(unknown_name_message("loss aggregation", cfg.loss_agg,
-                                           ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]))
+    raise ConfigError(unknown_name_message("loss aggregation", cfg.loss_agg, LOSS_AGGREGATIONS))
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -249,22 +279,27 @@ def _with_kl(loss: torch.Tensor, inp: LossInput, cfg: AlgoConfig, metrics: dict[
 
 
 def _ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, inp: LossInput, cfg: AlgoConfig):
+    """Token losses ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and the ratio metrics:
+    the share of trained tokens whose loss is clipped, and the mean ``|r - 1|`` (0 on-policy)."""
     a = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     unclipped = -a * ratio
     clipped = -a * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     token_loss = torch.maximum(unclipped, clipped)
     m = inp.mask.float()
-    clip_frac = float(((clipped > unclipped).float() * m).sum() / m.sum().clamp(min=1))
-    return token_loss, clip_frac
+    n = m.sum().clamp(min=1)
+    metrics = {"losses/clip_frac": float(((clipped > unclipped).float() * m).sum() / n),
+               "losses/ratio_dev": float(((ratio.detach() - 1).abs() * m).sum() / n),
+               "losses/approx_kl": float(((inp.old_logp - inp.logp.detach()) * m).sum() / n)}
+    return token_loss, metrics
 
 
 @register_loss("grpo")
 def grpo_loss(inp: LossInput, cfg: AlgoConfig):
     """Token-level clipped ratio (PPO) with group advantages, plus ``kl_coef`` * k3 KL."""
     ratio = torch.exp((inp.logp - inp.old_logp).clamp(-20, 20))
-    token_loss, clip_frac = _ppo_clip(ratio, inp.advantages, inp, cfg)
+    token_loss, metrics = _ppo_clip(ratio, inp.advantages, inp, cfg)
     pg = aggregate(token_loss, inp.mask, cfg)
-    metrics = {"losses/policy": float(pg.detach()), "losses/clip_frac": clip_frac}
+    metrics["losses/policy"] = float(pg.detach())
     loss = _with_kl(pg, inp, cfg, metrics)
     metrics["losses/total"] = float(loss.detach())
     return loss, metrics
@@ -272,15 +307,17 @@ def grpo_loss(inp: LossInput, cfg: AlgoConfig):
 
 @register_loss("gspo")
 def gspo_loss(inp: LossInput, cfg: AlgoConfig):
-    """GSPO: one length-normalised ratio per sequence, ``exp(mean_t(logp - old_logp))``, clipped
-    at sequence level; the gradient flows through every token (``s_i * exp(logp - sg(logp))``)."""
+    """GSPO: one length-normalised ratio per sequence, ``s_i = exp(mean_t(logp - old_logp))``,
+    clipped at sequence level; the gradient flows through every token (``sg(s_i) * exp(logp -
+    sg(logp))``, as verl's ``compute_policy_loss_gspo``). Aggregated by ``cfg.loss_agg`` (the
+    ``gspo`` preset: ``seq-mean-token-mean``, the paper's sequence-level objective)."""
     m = inp.mask.float()
     seq_log_ratio = ((inp.logp - inp.old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1)
-    s = torch.exp(seq_log_ratio.clamp(-20, 20))
-    ratio = s.detach().unsqueeze(-1) * torch.exp(inp.logp - inp.logp.detach())
-    token_loss, clip_frac = _ppo_clip(ratio, inp.advantages, inp, cfg)
-    pg = aggregate(token_loss, inp.mask, replace(cfg, loss_agg="seq-mean-token-mean"))
-    metrics = {"losses/policy": float(pg.detach()), "losses/clip_frac": clip_frac}
+    s = torch.exp(seq_log_ratio.detach().clamp(-20, 10))
+    ratio = s.unsqueeze(-1) * torch.exp(inp.logp - inp.logp.detach())
+    token_loss, metrics = _ppo_clip(ratio, inp.advantages, inp, cfg)
+    pg = aggregate(token_loss, inp.mask, cfg)
+    metrics["losses/policy"] = float(pg.detach())
     loss = _with_kl(pg, inp, cfg, metrics)
     metrics["losses/total"] = float(loss.detach())
     return loss, metrics
@@ -324,20 +361,39 @@ def policy_loss(name: str, inp: LossInput, cfg: AlgoConfig):
 @dataclass(frozen=True)
 class Algorithm:
     advantage: str
+    """Name in :data:`ADVANTAGES`."""
     loss: str
+    """Name in :data:`LOSSES`."""
     config: AlgoConfig = field(default_factory=AlgoConfig)
     dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more questions until the batch holds
+    the requested number of groups (bounded rounds: ``train.rollout.fill_groups``)."""
     overlong_buffer: int = 0
+    """DAPO: tokens per turn of the soft overlong penalty (0 = off)."""
     needs_sft_branch: bool = False
+    """GRASP: also build gold-answer sequences for the SFT branch."""
 
 
+# Loss aggregation per preset (``--loss_agg`` overrides it):
+# * grpo: ``token-mean``, verl 0.9.1's default ``loss_agg_mode``, so the native and verl engines
+#   optimise the same objective out of the box. DeepSeekMath's GRPO formula is
+#   ``seq-mean-token-mean`` (1/G sum_i 1/|o_i| sum_t); verl (like DAPO) defaults to token-mean
+#   because per-sequence means let long sequences' tokens weigh less.
+# * drgrpo: ``seq-mean-token-sum-norm``: Dr.GRPO removes the 1/|o_i| length bias by dividing token
+#   sums by a constant (the generation budget, ``norm_len``); verl's Dr.GRPO recipe sets this mode.
+# * dapo: ``token-mean``: DAPO's "token-level policy gradient loss" (§3.3 of the DAPO paper).
+# * gspo: ``seq-mean-token-mean``: GSPO's objective averages sequence-level terms over the group;
+#   verl's GSPO docstring recommends this mode.
+# * grasp: ``seq-mean-token-mean``: seed 002 App. A, "the main run averages policy gradients over
+#   rollouts" (its RL branch is GSPO).
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", "grpo"),
+    "grpo": Algorithm("grpo", "grpo", AlgoConfig(loss_agg="token-mean")),
     "drgrpo": Algorithm("drgrpo", "grpo", AlgoConfig(std_normalize=False, loss_agg="seq-mean-token-sum-norm")),
     "dapo": Algorithm("grpo", "grpo", AlgoConfig(clip_high=0.28, kl_coef=0.0, loss_agg="token-mean"),
                       dynamic_sampling=True, overlong_buffer=8),
-    "gspo": Algorithm("grpo", "gspo", AlgoConfig(clip_low=3e-4, clip_high=4e-4)),
-    "grasp": Algorithm("grasp_egc", "grasp", AlgoConfig(clip_low=3e-4, clip_high=4e-4), needs_sft_branch=True),
+    "gspo": Algorithm("grpo", "gspo", AlgoConfig(clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean")),
+    "grasp": Algorithm("grasp_egc", "grasp", AlgoConfig(clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean"),
+                       needs_sft_branch=True),
 }
 
 
@@ -350,4 +406,6 @@ def get_algorithm(name: str, **overrides) -> Algorithm:
     unknown = set(changes) - set(AlgoConfig.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"expected AlgoConfig fields, got {sorted(unknown)}")
+    if "loss_agg" in changes and changes["loss_agg"] not in LOSS_AGGREGATIONS:
+        raise ConfigError(unknown_name_message("loss aggregation", changes["loss_agg"], LOSS_AGGREGATIONS))
     return replace(algo, config=replace(algo.config, **changes))

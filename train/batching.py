@@ -70,8 +70,12 @@ def pad_batch(seqs: Sequence[Sequence_], pad_id: int) -> TokenBatch:
                       torch.cat(grid) if grid else None)
 
 
-def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder) -> torch.Tensor:
-    """``[B, R]`` log-probabilities of the response tokens under ``model`` (float32)."""
+def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, R]`` log-probabilities of the response tokens under ``model`` (float32), from
+    ``log_softmax(logits / temperature)``: the distribution the rollouts were sampled from (as verl
+    divides the logits by the rollout temperature). SFT uses the default 1."""
+    if not temperature > 0:
+        raise ValueError(f"expected a temperature > 0, got {temperature!r}")
     device = next(model.parameters()).device
     kwargs = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.attention_mask.to(device)}
     rw = batch.response_ids.shape[1]
@@ -83,6 +87,8 @@ def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder) -> torch.T
         pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
         kwargs["position_ids"] = pos.to(device)
     logits = model(**kwargs, logits_to_keep=rw + 1, use_cache=False).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = batch.response_ids.to(device)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return logp  # padding positions hold junk; callers multiply by response_mask

@@ -40,6 +40,24 @@ def test_egc_corrects_extreme_groups_from_running_accuracy():
         compute_advantages("grasp_egc", AdvantageInput(rewards, groups), AlgoConfig())
 
 
+def test_egc_adds_its_correction_to_batch_normalised_advantages():
+    # group 0 all correct with a reward spread (e.g. GRASP's EM + synonym terms), group 1 all wrong,
+    # group 2 mixed with nearly identical rewards
+    rewards = torch.tensor([2.6, 2.2, 0.3, 0.1, 2.05, 2.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    correct = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    adv = compute_advantages("grasp_egc", AdvantageInput(rewards, groups, correct, running_accuracy=0.8),
+                             AlgoConfig(egc_scale=1.0))
+    batch_std = float(rewards.std())
+    centred = torch.tensor([0.2, -0.2, 0.1, -0.1, 0.025, -0.025])
+    expected = centred / batch_std + torch.tensor([0.2, 0.2, -0.8, -0.8, 0.0, 0.0])
+    assert adv.tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert adv[0] > adv[1]  # the correction keeps the group's own ordering (it is added, not substituted)
+    # per-batch std: a group of nearly equal rewards is not stretched to unit variance (GRPO would give +-0.71)
+    assert abs(float(adv[4])) < 0.05
+    assert compute_advantages("grpo", AdvantageInput(rewards, groups), AlgoConfig())[4] == pytest.approx(0.7071, abs=1e-3)
+
+
 def test_unknown_names_suggest_the_right_one():
     with pytest.raises(ConfigError, match="Did you mean 'grpo'"):
         compute_advantages("grop", AdvantageInput(R, G), AlgoConfig())

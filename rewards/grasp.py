@@ -8,8 +8,10 @@ r"""GRASP's reward (seed 002, §3.1 and Appendix A):
 * Image-reasoning similarity: CLIP cosine between the first image and the reasoning text (the
   ``<think>`` span, else the completion without the final answer). The seed uses BiomedCLIP, an
   open_clip model we cannot install here; ``clip_model`` takes any transformers ``CLIPModel``
-  folder, and the offline default is **tiny-random-clip**: a randomly initialised 2-layer CLIP
-  built from a config (seed 0) with the MiniLM tokenizer -- it exercises the code path, its scores
+  folder. **Without one the term is off** (no component, nothing added; a warning says so): no
+  trained CLIP ships offline, and an untrained one would add noise to every reward.
+  ``clip_model="tiny-random-clip"`` asks for a randomly initialised 2-layer CLIP built from a config
+  (seed 0) with the MiniLM tokenizer explicitly -- it exercises the code path in tests, its scores
   mean nothing.
 * Format penalties: ``-1`` when there is no final answer, ``-0.5`` when the format is broken.
 
@@ -19,6 +21,7 @@ The paper says the similarity terms are "clipped as specified" without the numbe
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Sequence
 
@@ -31,6 +34,8 @@ _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 _BOXED = re.compile(r"\\boxed\{.*?\}|<answer>.*?</answer>", re.S)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+TINY_RANDOM_CLIP = "tiny-random-clip"
+log = logging.getLogger(__name__)
 
 
 def reasoning_text(completion: str) -> str:
@@ -41,16 +46,19 @@ def reasoning_text(completion: str) -> str:
 
 
 class ImageTextScorer:
-    """CLIP image-text cosine; lazily loaded; ``model_path=None`` = tiny-random-clip (untrained)."""
+    """CLIP image-text cosine, lazily loaded from ``model_path`` (a transformers ``CLIPModel``
+    folder) or, for ``"tiny-random-clip"``, an untrained CLIP built from a config."""
 
-    def __init__(self, model_path: str | None = None, device: str = "cpu") -> None:
+    def __init__(self, model_path: str, device: str = "cpu") -> None:
+        if not model_path:
+            raise ValueError(f"expected a CLIP checkpoint folder or {TINY_RANDOM_CLIP!r}, got {model_path!r}")
         self.model_path = model_path
         self.device = device
         self._model = self._tokenizer = None
 
     @property
     def name(self) -> str:
-        return self.model_path or "tiny-random-clip"
+        return self.model_path
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_model": None, "_tokenizer": None}
@@ -61,7 +69,7 @@ class ImageTextScorer:
         import torch
         from transformers import AutoTokenizer, CLIPConfig, CLIPModel
 
-        if self.model_path:
+        if self.model_path != TINY_RANDOM_CLIP:
             self._model = CLIPModel.from_pretrained(self.model_path)
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         else:
@@ -123,7 +131,7 @@ class ImageTextScorer:
 
 class GRASPReward(RewardFunction):
     """GRASP's reward (see module doc). Components: ``exact_match``, ``synonym``, ``image_reasoning``
-    (absent without an image), ``format_penalty``, ``accuracy``."""
+    (only with ``clip_model`` and an image), ``format_penalty``, ``accuracy``."""
 
     name = "grasp"
 
@@ -136,7 +144,10 @@ class GRASPReward(RewardFunction):
         self.w_syn, self.w_img, self.em_value = float(w_syn), float(w_img), float(em_value)
         self.no_answer_penalty, self.bad_format_penalty = float(no_answer_penalty), float(bad_format_penalty)
         self.encoder = token_encoder or TokenEncoder(bertscore_model, bertscore_layers, device=device)
-        self.clip = ImageTextScorer(clip_model, device=device)
+        self.clip = ImageTextScorer(clip_model, device=device) if clip_model and self.w_img else None
+        if self.clip is None and self.w_img:
+            log.warning("GRASP reward: the image-reasoning term is off (no CLIP checkpoint given; pass "
+                        "clip_model='/path/to/clip' to turn it on)")
 
     def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
         if not batch:
@@ -147,7 +158,8 @@ class GRASPReward(RewardFunction):
         enc = self.encoder.encode(answers + [s.ground_truth for s in batch])
         syn = [bertscore_f1(enc[i], enc[len(batch) + i]) if answers[i].strip() else 0.0 for i in range(len(batch))]
         images = [(list(s.metadata.get("image_paths") or []) or [None])[0] for s in batch]
-        img = self.clip.scores(images, [reasoning_text(s.completion) for s in batch]) if self.w_img else [None] * len(batch)
+        img = (self.clip.scores(images, [reasoning_text(s.completion) for s in batch]) if self.clip is not None
+               else [None] * len(batch))
         out = []
         for i, s in enumerate(batch):
             em = self.em_value if exact_match(s.answer, s.ground_truth) else 0.0

@@ -2,7 +2,9 @@ r"""MediX-R1's composite reward (seed 001, §A.3-A.4):
 
     r = 0.1 · R_format + 0.045 · R_modality + 0.5175 · R_llm + 0.3375 · R_embed      (in [0, 1])
 
-* ``R_format`` = 1 iff the completion is ``[modality tag] <think>…</think> <answer>…</answer>``.
+* ``R_format`` = 1 iff the completion is ``<think>…</think><answer>…</answer>`` with nothing before
+  it but (optionally) the modality tag, nothing after it, and no tag nested inside the two spans
+  (seed 001 §A.4: 1.0 "only when the output matches the required structure").
 * ``R_modality`` = 1 iff the tag before ``<think>`` equals the record's modality (case-insensitive).
   Tags accepted: ``<modality>CT</modality>``, ``[CT]``, ``Modality: CT``.
 * ``R_llm`` = the judge's YES (1) / NO (0) on the answer vs the reference (:mod:`rewards.judge`).
@@ -20,6 +22,8 @@ modality -- ``on_missing='renormalize'`` (default) drops it and divides by the r
 (True, 'MRI', 'left kidney')
 >>> split_medix("the answer is liver")
 (False, None, None)
+>>> split_medix("Sure! Here it is: <think>x</think><answer>liver</answer>")   # text before: no format
+(False, None, 'liver')
 """
 
 from __future__ import annotations
@@ -34,23 +38,31 @@ from rewards.judge import JudgeClient, JudgeConfig
 
 WEIGHTS = {"format": 0.1, "modality": 0.045, "llm": 0.5175, "embed": 0.3375}
 _FORMAT = re.compile(r"^\s*(?P<pre>.*?)\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.S)
-_TAGS = [re.compile(r"<modality>\s*(.+?)\s*</modality>", re.I | re.S), re.compile(r"^\[\s*([^\]]+?)\s*\]"),
-         re.compile(r"modality\s*[:=]\s*(.+)$", re.I)]
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_NESTED = re.compile(r"</?(?:think|answer)>")
+# the whole text before <think> must be one of these (or nothing)
+_TAGS = [re.compile(r"<modality>\s*([^<>\n]+?)\s*</modality>", re.I), re.compile(r"\[\s*([^\]\[\n]+?)\s*\]"),
+         re.compile(r"modality\s*[:=]\s*([^<>\n]+?)", re.I)]
 
 
 def split_medix(completion: str) -> tuple[bool, str | None, str | None]:
-    """``(format_ok, modality_tag, answer)`` of a MediX-style completion."""
-    m = _FORMAT.match(completion or "")
-    if not m:
-        return False, None, None
+    """``(format_ok, modality_tag, answer)`` of a MediX-style completion. ``answer`` is the last
+    ``<answer>`` span even when the format is broken (the semantic terms still read it); the tag
+    counts only in a well-formed completion."""
+    text = completion or ""
+    spans = _ANSWER.findall(text)
+    answer = spans[-1].strip() if spans else None
+    m = _FORMAT.match(text)
+    if not m or _NESTED.search(m.group("think")) or _NESTED.search(m.group("answer")):
+        return False, None, answer
     pre = m.group("pre").strip()
-    tag = None
+    if not pre:
+        return True, None, answer
     for pattern in _TAGS:
-        t = pattern.search(pre)
+        t = pattern.fullmatch(pre)
         if t:
-            tag = t.group(1).strip()
-            break
-    return True, tag, m.group("answer").strip()
+            return True, t.group(1).strip(), answer
+    return False, None, answer
 
 
 class MediXReward(RewardFunction):

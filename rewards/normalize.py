@@ -6,6 +6,8 @@
 'B'
 >>> parse_mcq_letter("MRI", {"A": "CT", "B": "MRI"})
 'B'
+>>> parse_mcq_letter("the answer is a mass in the liver", {"A": "CT", "B": "MRI"}) is None   # an article
+True
 """
 
 from __future__ import annotations
@@ -42,12 +44,18 @@ def normalize_yes_no(text: str | None) -> str | None:
     return None
 
 
+# After "answer", a lowercase "a" or "i" followed by a word is the article or the pronoun, not a
+# letter: "the answer is a mass in the liver" is not option A ("the answer is A" still is).
+_NOT_ARTICLE = r"(?!(?<=[ai])\s+[A-Za-z])"
 _LETTER_PATTERNS = [
-    re.compile(r"^\(?([A-Za-z])\)?[.):]?$"),                              # B, (B), B., B)
-    re.compile(r"^(?:option|answer|choice)\s*[:\-]?\s*\(?([A-Za-z])\)?\b", re.I),  # option B
-    re.compile(r"^\(?([A-Za-z])[.):]\s"),                                 # B. MRI / (B) MRI
-    re.compile(r"\b(?:option|answer|choice)\s*(?:is\s*)?[:\-]?\s*\(?([A-Za-z])\)?(?![A-Za-z])", re.I),
-    re.compile(r"\(([A-Za-z])\)"),                                        # ... (b) ...
+    re.compile(r"^\(?([A-Za-z])\)?[.):]?$"),                                      # B, (B), B., B)
+    re.compile(r"^(?i:option|choice)\s*[:\-]?\s*\(?([A-Za-z])\)?\b"),               # option B
+    re.compile(r"^(?i:answer)\s*[:\-]?\s*(?:\(([A-Za-z])\)|([A-Za-z])(?![A-Za-z])" + _NOT_ARTICLE + ")"),
+    re.compile(r"^\(?([A-Za-z])[.):]\s"),                                         # B. MRI / (B) MRI
+    re.compile(r"\b(?i:option|choice)\s*(?:(?i:is)\s*)?[:\-]?\s*\(?([A-Za-z])\)?(?![A-Za-z])"),
+    re.compile(r"\b(?i:answer)\s*(?:(?i:is)\s*)?[:\-]?\s*(?:\(([A-Za-z])\)|([A-Za-z])(?![A-Za-z])"
+               + _NOT_ARTICLE + ")"),                                              # the answer is B
+    re.compile(r"\(([A-Za-z])\)"),                                                # ... (b) ...
 ]
 
 
@@ -59,8 +67,9 @@ def parse_mcq_letter(text: str | None, options: Mapping[str, str]) -> str | None
     t = str(text).strip()
     for pattern in _LETTER_PATTERNS:
         m = pattern.search(t)
-        if m and m.group(1).upper() in letters:
-            return m.group(1).upper()
+        letter = next((g for g in m.groups() if g), None) if m else None
+        if letter and letter.upper() in letters:
+            return letter.upper()
     norm = normalize_text(t)
     by_text = [k for k, v in letters.items() if normalize_text(v) == norm]
     if len(by_text) == 1:

@@ -48,7 +48,18 @@ def test_exact_match_synonym_and_penalties(grasp):
     assert "image_reasoning" not in right.components            # no image, no term
 
 
-def test_image_reasoning_term_with_tiny_random_clip(grasp, image, tmp_path):
+def test_image_reasoning_term_is_off_without_a_clip_checkpoint(grasp, image, caplog, minilm):
+    assert grasp.clip is None
+    (out,) = grasp([_s("liver", "liver", image=image)])
+    assert "image_reasoning" not in out.components
+    assert out.total == pytest.approx(2.0 + 0.5 * out.components["synonym"])
+    with caplog.at_level("WARNING", logger="rewards.grasp"):
+        GRASPReward(token_encoder=minilm)
+    assert "image-reasoning term is off" in caplog.text
+
+
+def test_image_reasoning_term_with_tiny_random_clip(minilm, image, tmp_path):
+    grasp = GRASPReward(token_encoder=minilm, clip_model="tiny-random-clip")  # untrained: the code path only
     assert grasp.clip.name == "tiny-random-clip"
     with_img, broken = grasp([_s("liver", "liver", image=image), _s("liver", "liver", image=str(tmp_path / "gone.png"))])
     sim = with_img.components["image_reasoning"]

@@ -7,7 +7,7 @@ import pytest
 from medvqa_env.errors import ConfigError
 from medvqa_env.records import AnswerType
 from rewards.base import RewardInput
-from rewards.medix import WEIGHTS, MediXReward
+from rewards.medix import WEIGHTS, MediXReward, split_medix
 
 GOOD = "<modality>CT</modality><think>the dense organ on the right</think><answer>liver</answer>"
 
@@ -77,3 +77,29 @@ def test_with_the_smollm2_judge(llm_server, minilm_sentences):
     (out,) = r([_s(GOOD)])
     assert out.components["judge_ok"] == 1.0 and out.components["llm"] in (0.0, 1.0)
     assert out.total == pytest.approx(0.1 + 0.045 + 0.5175 * out.components["llm"] + 0.3375)
+
+
+@pytest.mark.parametrize("completion,format_ok,tag", [
+    (GOOD, True, "CT"),
+    ("<think>t</think><answer>liver</answer>", True, None),                        # the tag is optional
+    ("[MRI]\n<think>t</think> <answer>liver</answer>", True, "MRI"),
+    ("Modality: X-Ray <think>t</think><answer>liver</answer>", True, "X-Ray"),
+    ("Sure, here you go. <think>t</think><answer>liver</answer>", False, None),    # prose before <think>
+    ("I see [CT] <think>t</think><answer>liver</answer>", False, None),            # prose around the tag
+    ("[CT] [MRI] <think>t</think><answer>liver</answer>", False, None),            # two tags
+    ("<think>t</think><answer>liver</answer> and that is all", False, None),       # text after </answer>
+    ("<think>t</think><answer>liver</answer><answer>spleen</answer>", False, None),  # a second answer
+    ("<think>a <think>b</think><answer>liver</answer>", False, None),              # nested <think>
+    ("<answer>liver</answer><think>t</think>", False, None),                       # wrong order
+])
+def test_format_term_requires_think_then_answer_with_only_the_tag_before(completion, format_ok, tag):
+    ok, got_tag, _ = split_medix(completion)
+    assert (ok, got_tag) == (format_ok, tag)
+
+
+def test_broken_format_still_scores_the_answer_span(ScriptedJudge, minilm_sentences):
+    with ScriptedJudge() as srv:
+        r = MediXReward(judge={"base_url": srv.url}, embed_encoder=minilm_sentences)
+        (out,) = r([_s("Sure! <modality>CT</modality><think>t</think><answer>liver</answer>")])
+    assert out.components["format"] == 0.0 and out.components["modality"] == 0.0
+    assert out.components["llm"] == 1.0 and out.total == pytest.approx(1.0 - 0.1 - 0.045)

@@ -41,6 +41,18 @@ def test_mcq_unparseable_or_ambiguous_is_wrong(text):
     assert RuleReward().score(_sample(rf"\boxed{{{text}}}", "B", AnswerType.MCQ, OPTIONS)).total == -1.0
 
 
+@pytest.mark.parametrize("text", ["a mass in the liver", "the answer is a mass in the liver",
+                                  "answer: a mass in the liver", "Answer is a lesion", "the answer is i think CT"])
+def test_the_article_a_is_not_option_a(text):
+    options = {"A": "liver", "B": "spleen"} if "liver" not in text else {"A": "kidney", "B": "spleen"}
+    assert parse_mcq_letter(text, options) is None
+    assert RuleReward().score(_sample(rf"\boxed{{{text}}}", "A", AnswerType.MCQ, options)).total == -1.0
+    # a letter is still a letter, and the option text still counts
+    assert parse_mcq_letter("the answer is A because", options) == "A"
+    assert parse_mcq_letter("answer: (a) mass", options) == "A"
+    assert parse_mcq_letter("a mass in the spleen", options) == "B"
+
+
 def test_mcq_truth_given_as_option_text():
     sample = _sample(r"\boxed{(D)}", "X-ray", AnswerType.MCQ, OPTIONS)
     assert RuleReward().score(sample).total == 1.0

@@ -29,7 +29,7 @@ import numpy as np
 
 from medvqa_env.datasets import phantoms as ph
 from medvqa_env.errors import DatasetError
-from medvqa_env.records import Annotations, AnswerType, Box, Mask, VQADataset, VQARecord
+from medvqa_env.records import Annotations, AnswerType, Box, VQADataset, VQARecord
 
 VERSION = "v2"  # bump whenever the generator's output changes
 QUESTIONS_PER_IMAGE = 4
@@ -192,8 +192,10 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _scene_files(image_id: str, scene: ph.Scene) -> tuple[str, Annotations, list[tuple[str, np.ndarray]]]:
-    """Relative paths, annotations and arrays of one scene's image and masks (nothing written)."""
+def _scene_files(image_id: str, scene: ph.Scene) -> tuple[str, dict[str, Any], list[tuple[str, np.ndarray]]]:
+    """Relative paths, annotations (as a manifest dict: mask paths stay relative to the cache
+    folder, which :func:`_resolve` prepends) and arrays of one scene's image and masks (nothing
+    written)."""
     image_path = f"images/{image_id}.png"
     files = [(image_path, scene.image)]  # grey PNG; loaders convert to RGB
     boxes, masks = [], []
@@ -202,14 +204,15 @@ def _scene_files(image_id: str, scene: ph.Scene) -> tuple[str, Annotations, list
         if label in ph.HOSTS[scene.kind]:  # masks for the organs questions ask about
             p = f"masks/{image_id}_{_slug(label)}.png"
             files.append((p, mask.astype(np.uint8) * 255))
-            masks.append(Mask(label, p))
+            masks.append({"label": label, "path": p, "image_index": 0})
     for k, lesion in enumerate(scene.lesions):
         p = f"masks/{image_id}_lesion{k}.png"
         files.append((p, lesion.mask.astype(np.uint8) * 255))
         boxes.append(Box(lesion.label, tuple(float(v) for v in ph.mask_bbox(lesion.mask))))
-        masks.append(Mask(lesion.label, p))
+        masks.append({"label": lesion.label, "path": p, "image_index": 0})
     labels = (scene.modality, "lesion" if scene.lesions else "no lesion")
-    return image_path, Annotations(boxes=tuple(boxes), masks=tuple(masks), labels=labels), files
+    ann = {**Annotations(boxes=tuple(boxes), labels=labels).to_dict(), "masks": masks}
+    return image_path, ann, files
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -235,7 +238,7 @@ def _generate(folder: Path, split: str, seed: int, n_images: int) -> list[dict[s
         kind, count = scene_plan(i)
         scene = ph.draw_scene(rng, kind, count)
         image_id = f"{split}_{i:04d}"
-        image_rel, annotations, files = _scene_files(image_id, scene)
+        image_rel, ann, files = _scene_files(image_id, scene)
         for rel, array in files:
             if not (folder / rel).is_file():  # written whole by an earlier or racing call
                 try:
@@ -245,7 +248,6 @@ def _generate(folder: Path, split: str, seed: int, n_images: int) -> list[dict[s
         lesions = [{"host": l.host, "bbox": list(ph.mask_bbox(l.mask)), "radius": l.radius,
                     "contrast": round(l.contrast, 1), "quadrant": l.quadrant, "subtle": l.subtle}
                    for l in scene.lesions]
-        ann = annotations.to_dict()
         for q in _questions(rng, scene, balancer):
             rows.append({
                 "id": f"embedded_{split}_{len(rows):04d}", "image_paths": [image_rel],

@@ -7,7 +7,16 @@ One entry point, :func:`load_policy`, returns ``(model, processor, kind)`` for
   ``~/.cache/medvqa-gym`` so later loads take about a second);
 * ``"tiny-qwen2-vl"``, ``"tiny-qwen2.5-vl"``, ``"tiny-qwen3-vl"`` -- randomly initialised
   Qwen-VL models built from configs (the same classes a real checkpoint loads into);
-* any local Hugging Face checkpoint folder (a causal LM, or Qwen2-VL / Qwen2.5-VL / Qwen3-VL).
+* any local Hugging Face checkpoint folder (a causal LM, or Qwen2-VL / Qwen2.5-VL / Qwen3-VL),
+  including the trainers' saves (a PEFT adapter folder is loaded onto its base and merged);
+* a Hugging Face Hub id (``Qwen/Qwen2.5-VL-3B-Instruct``), loaded when a hub or its local cache is
+  reachable, with a clear :class:`ConfigError` otherwise (this project runs with
+  ``HF_HUB_OFFLINE=1``).
+
+``device`` is ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``; ``dtype`` is
+``float32``, ``bfloat16`` or ``float16`` (or a ``torch.dtype``) -- see :func:`resolve_device` and
+:func:`resolve_dtype`. A folder's ``medvqa_run.json`` (written by the trainers) supplies the system
+prompt the model was trained with.
 
 ``kind`` is ``"text"`` or ``"vlm"``; ``processor`` is always a :class:`ChatEncoder`, which turns
 a :class:`~medvqa_env.chat.Conversation` into token ids (and pixel values for a VLM) and encodes
@@ -336,14 +345,89 @@ def build_tiny_vlm(name: str, seed: int = 0, tokenizer: str = "bpe"):
     return model, ChatEncoder(tok, _image_processor(patch), merge_size=2)
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+RUN_FILE = "medvqa_run.json"
+"""What the trainers write beside a saved model: system prompt, resolved run config, step."""
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """``"bfloat16"`` / ``"bf16"`` / ``torch.bfloat16`` -> ``torch.bfloat16`` (``None``: float32).
+
+    >>> resolve_dtype("bf16"), resolve_dtype(None)
+    (torch.bfloat16, torch.float32)
+    """
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ConfigError(unknown_name_message("dtype", str(dtype), ("float32", "bfloat16", "float16")))
+    return DTYPES[key]
+
+
+def resolve_device(device: str | torch.device | None = "auto", cuda_available: bool | None = None) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda``/``cuda:N`` demand one.
+
+    >>> resolve_device("auto", cuda_available=False), resolve_device("cuda:1", cuda_available=True)
+    ('cpu', 'cuda:1')
+    """
+    text = "auto" if device is None else str(device).strip().lower()
+    has_cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if text == "auto":
+        return "cuda" if has_cuda else "cpu"
+    if text == "cpu":
+        return "cpu"
+    if text == "cuda" or text.startswith("cuda:"):
+        if not has_cuda:
+            raise ConfigError(f"device {text!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}; "
+                              "a CPU-only build, or no GPU on this machine); use --device cpu or auto")
+        return text
+    if text == "mps":
+        return text
+    raise ConfigError(f"expected device auto, cpu, cuda or cuda:N, got {device!r}")
+
+
+def read_run_file(folder: str | os.PathLike) -> dict[str, Any]:
+    """The trainer's ``medvqa_run.json`` in ``folder`` (``{}`` when there is none)."""
+    import json
+
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{str(path)!r} is not valid JSON: {e}") from None
+
+
+HUB_ID = __import__("re").compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _missing_model_message(name: str, reason: str | None = None) -> str:
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or not HUB_ID.match(name)
+    if looks_local:
+        return f"model folder {name!r} does not exist (resolved: {str(Path(name).expanduser().resolve())!r})"
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+    how = ("HF_HUB_OFFLINE=1 is set and it is not in the local Hugging Face cache; download it where a hub "
+           "is reachable (huggingface-cli download " + name + ") and pass the folder, or unset HF_HUB_OFFLINE"
+           if offline else f"the Hub could not be reached or has no such model ({reason})")
+    return f"{name!r} is not a local folder, and as a Hugging Face Hub id it could not be loaded: {how}"
+
+
 def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
-    """A local HF folder: a causal LM, or a Qwen-VL (``config.model_type`` decides)."""
+    """An HF folder or Hub id: a causal LM, or a Qwen-VL (``config.model_type`` decides)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"expected a checkpoint folder with config.json, got {str(path)!r}")
-    config = AutoConfig.from_pretrained(path)
+    path = Path(path) if Path(path).is_dir() else str(path)
+    if isinstance(path, Path) and not (path / "config.json").is_file():
+        raise ConfigError(f"expected a checkpoint folder with config.json (or a PEFT adapter_config.json), "
+                          f"got {str(path)!r} holding {sorted(p.name for p in path.iterdir())[:8]}")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:  # an unreachable / offline hub, or a name it does not know
+        raise ConfigError(_missing_model_message(str(path), f"{type(e).__name__}: {str(e).splitlines()[0]}")) from None
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = IM_END if IM_END in tok.get_vocab() else tok.eos_token
@@ -361,22 +445,53 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.float32)
     return model, ChatEncoder(tok), "text"
 
 
-def load_policy(name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, seed: int = 0,
-                system_prompt: str | None = None, device: str | torch.device = "cpu"):
-    """Return ``(model, encoder, kind)``; see the module docstring for accepted names."""
+def load_adapter(folder: Path, dtype: torch.dtype, seed: int):
+    """A PEFT adapter folder (a LoRA run's save): its base (a name, folder or Hub id), the
+    adapter on top, merged -- a plain model for evaluation."""
+    import json
+
+    from peft import PeftModel
+
+    base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(f"{str(folder)!r}: adapter_config.json names no base_model_name_or_path")
+    run = read_run_file(folder)
+    model, encoder, kind = load_policy(base, dtype=dtype, seed=int(run.get("config", {}).get("seed", seed)))
+    model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    return model, encoder, kind
+
+
+def load_policy(name_or_path: str | os.PathLike, *, dtype: str | torch.dtype | None = torch.float32, seed: int = 0,
+                system_prompt: str | None = None, device: str | torch.device | None = "cpu"):
+    """Return ``(model, encoder, kind)``; see the module docstring for accepted names.
+
+    ``system_prompt=None`` keeps the one a trainer saved with the model (``medvqa_run.json``),
+    if any, so a checkpoint is evaluated with the prompt it was trained with."""
     name = str(name_or_path)
+    dtype = resolve_dtype(dtype)
+    device = resolve_device(device)
     start = time.perf_counter()
+    saved_prompt = None
     if name.lower() in SMOLLM2_NAMES:
         model, encoder, kind = load_checkpoint(smollm2_checkpoint(), dtype)
     elif name.lower() in TINY_VLMS:
         model, encoder = build_tiny_vlm(name.lower(), seed=seed)
         model, kind = model.to(dtype), "vlm"
-    elif Path(name).is_dir():
+    elif Path(name).expanduser().is_dir():
+        folder = Path(name).expanduser()
+        saved_prompt = read_run_file(folder).get("system_prompt")
+        if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
+            model, encoder, kind = load_adapter(folder, dtype, seed)
+        else:
+            model, encoder, kind = load_checkpoint(folder, dtype)
+    elif HUB_ID.match(name) and not name.startswith("."):
         model, encoder, kind = load_checkpoint(name, dtype)
-    else:
+    elif "/" not in name and "\\" not in name:
         raise ConfigError(unknown_name_message("policy", name, SMOLLM2_NAMES[:1] + TINY_VLMS)
-                          + " Or pass a local checkpoint folder.")
-    encoder.system_prompt = system_prompt
+                          + " Or pass a checkpoint folder or a Hugging Face Hub id.")
+    else:
+        raise ConfigError(_missing_model_message(name))
+    encoder.system_prompt = system_prompt if system_prompt is not None else saved_prompt
     model.generation_config.eos_token_id = encoder.eos_token_id
     model.generation_config.pad_token_id = encoder.pad_token_id
     model.load_seconds = time.perf_counter() - start  # type: ignore[attr-defined]

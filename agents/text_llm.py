@@ -39,7 +39,10 @@ class TextLLMAgent(Agent):
             (``temperature=0`` is greedy).
         batch_size: conversations per ``generate`` call.
         seed: each ``act_batch`` call seeds torch with ``seed + call number`` (reproducible runs).
-        system_prompt: replaces the system prompt entirely when given.
+        system_prompt: replaces the system prompt entirely when given (default: the prompt a
+            trainer saved with the checkpoint, else the env's).
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        dtype: ``float32``, ``bfloat16`` or ``float16`` (strings as on the command line).
         max_prompt_tokens: longer prompts keep their system turn and their most recent tokens.
     """
 
@@ -49,19 +52,23 @@ class TextLLMAgent(Agent):
     def __init__(self, model: Any = "smollm2", tokenizer: Any = None, max_new_tokens: int = 128,
                  temperature: float = 0.7, top_p: float = 0.9, top_k: int | None = None,
                  repetition_penalty: float | None = None, batch_size: int = 8, seed: int = 0,
-                 system_prompt: str | None = None, max_prompt_tokens: int = 4096, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 system_prompt: str | None = None, max_prompt_tokens: int = 4096, device: str = "auto",
+                 dtype: str | torch.dtype = "float32") -> None:
         if max_new_tokens < 1 or batch_size < 1 or temperature < 0:
             raise ValueError(f"expected max_new_tokens >= 1, batch_size >= 1, temperature >= 0, got "
                              f"{max_new_tokens!r}, {batch_size!r}, {temperature!r}")
+        from agents.models import resolve_device, resolve_dtype
+
         self.model_name = model if isinstance(model, str) else type(model).__name__
+        device, dtype = resolve_device(device), resolve_dtype(dtype)
+        self.saved_system_prompt: str | None = None  # the prompt a trainer saved with the checkpoint
         self.model, self.tokenizer = self._load(model, tokenizer, dtype, device)
         self.model.eval()
-        self.device = device
+        self.device, self.dtype = device, dtype
         self.sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
                          "top_p": float(top_p), "top_k": top_k, "repetition_penalty": repetition_penalty}
         self.batch_size, self.seed = int(batch_size), int(seed)
-        self.system_prompt = system_prompt
+        self.system_prompt = system_prompt if system_prompt is not None else self.saved_system_prompt
         self.max_prompt_tokens = int(max_prompt_tokens)
         self._calls = 0
         self._template_renders_tools: bool | None = None
@@ -75,6 +82,7 @@ class TextLLMAgent(Agent):
         from agents.models import load_policy
 
         loaded, encoder, kind = load_policy(model, dtype=dtype, device=device)
+        self.saved_system_prompt = encoder.system_prompt
         if kind != "text":
             raise ConfigError(f"expected a text-only causal LM for {self.name!r}, got a {kind} model from {model!r}; "
                               "use the 'vlm' agent for vision-language models")
@@ -171,6 +179,8 @@ class TextLLMAgent(Agent):
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model_name, "batch_size": self.batch_size, "seed": self.seed,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                **({"system_prompt": self.system_prompt} if self.system_prompt is not None else {}),
                 **{k: v for k, v in self.sampling.items() if v is not None}}
 
 

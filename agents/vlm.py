@@ -60,6 +60,7 @@ class VLMAgent(TextLLMAgent):
         from agents.models import load_policy
 
         loaded, encoder, kind = load_policy(model, dtype=dtype, seed=self._model_seed, device=device)
+        self.saved_system_prompt = encoder.system_prompt
         if kind != "vlm":
             raise ConfigError(f"expected a vision-language model for 'vlm', got a {kind} model from {model!r}; "
                               "use the 'text-llm' agent for text-only models")

@@ -70,8 +70,12 @@ class Registry(Generic[T]):
         return target
 
     def build(self, name: str, **options: Any) -> T:
-        """``get(name)(**options)``; a wrong option becomes a :class:`ConfigError` naming it."""
+        """``get(name)(**options)``; a wrong option becomes a :class:`ConfigError` naming it
+        (and the closest option the factory takes)."""
+        from medvqa_env.config import check_options
+
         factory = self.get(name)
+        check_options(factory, options, f"{self.kind} {name!r}")
         try:
             return factory(**options)
         except TypeError as e:

@@ -44,6 +44,11 @@ class RewardInput:
     format_ok: bool = True
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # "CLOSED" given as a plain string is the same answer type (it was silently unscored).
+        if not isinstance(self.answer_type, AnswerType):
+            object.__setattr__(self, "answer_type", AnswerType.parse(self.answer_type))
+
 
 @dataclass(frozen=True)
 class RewardOutput:

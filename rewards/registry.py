@@ -15,6 +15,8 @@ e.g. ``build_reward("default+tools")``; shaping options go in ``tool_shaping={..
 'rule'
 >>> build_reward("rule+tools").name
 'rule+tools'
+>>> build_reward("rule:correct=2").correct
+2.0
 >>> build_reward("armd")
 Traceback (most recent call last):
 ...
@@ -46,10 +48,18 @@ def available_rewards() -> list[str]:
     return REWARDS.names()
 
 
-def build_reward(name: str, *, tool_shaping: dict[str, Any] | None = None, **options: Any) -> RewardFunction:
-    """Build the reward ``name`` (optionally ``<name>+tools``) with ``options``."""
-    if not isinstance(name, str):
+def build_reward(name: str | dict, *, tool_shaping: dict[str, Any] | None = None, **options: Any) -> RewardFunction:
+    """Build the reward ``name`` (optionally ``<name>+tools``) with ``options``. ``name`` may carry
+    its options in the one config language (:mod:`medvqa_env.config`): ``"armed:alpha=0.5"`` or
+    ``{"name": "armed", "alpha": 0.5}``."""
+    from medvqa_env.config import parse_spec
+
+    if not isinstance(name, (str, dict)):
         raise ConfigError(f"expected a reward name (str), got {name!r}")
+    name, spec_options = parse_spec(name, "reward")
+    options = {**spec_options, **options}
+    if tool_shaping is None and isinstance(options.get("tool_shaping"), dict):
+        tool_shaping = options.pop("tool_shaping")
     base_name, shaped = name, False
     if name.endswith(SHAPING_SUFFIX):
         base_name, shaped = name[: -len(SHAPING_SUFFIX)], True

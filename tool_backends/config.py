@@ -1,13 +1,24 @@
 """Tool configuration: which backend runs each tool. Swapping a backend changes no code.
 
-Accepted forms (a dict, or a path to a JSON or YAML file holding one)::
+One language everywhere (``gym.make(tools=...)``, ``eval.run --tools``, the trainers, verl). All of
+these are the same config::
 
-    {"image_zoom_in": "local",
-     "segment": "http://127.0.0.1:7660",
-     "ground": {"backend": "local", "engine": "owlvit", "model": "google/owlvit-base-patch32"},
+    "image_zoom_in,segment=classical,ground=http://127.0.0.1:7660"      # a string (CLI form)
+    ["image_zoom_in", "segment=classical", "ground=http://127.0.0.1:7660"]
+    {"image_zoom_in": "local",                       # in-process, default engine
+     "segment": "classical",                         # in-process, engine "classical"
+     "ground": "http://127.0.0.1:7660"}              # a tool server
+    {"segment": {"engine": "sam", "model": "/models/medsam"},
      "classify": {"backend": "http", "url": "http://10.0.0.5:7657", "timeout_s": 20, "token_env": "TOOLS_TOKEN"}}
 
-A list of names means "all local with default options".
+or the path of a JSON/YAML file holding one (optionally under a ``tools:`` key), or its JSON text.
+``None`` means the default tools; ``[]``, ``""`` or ``"none"`` mean no tools. Unknown tools, engines
+and options fail with a :class:`ConfigError` that suggests the right name.
+
+>>> load_tool_config("image_zoom_in,segment=classical,ground=http://127.0.0.1:7660")
+{'image_zoom_in': {'backend': 'local'}, 'segment': {'backend': 'local', 'engine': 'classical'}, 'ground': {'backend': 'http', 'url': 'http://127.0.0.1:7660'}}
+>>> load_tool_config({"segment": "classical"}) == load_tool_config(["segment=classical"])
+True
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from typing import Any, Mapping
 from medvqa_env.errors import ConfigError
 
 BACKEND_KINDS = ("local", "http")
+NO_TOOLS = ("", "none", "no", "[]", "{}")
 
 
 def load_tool_config(config: Mapping[str, Any] | list | tuple | str | Path | None) -> dict[str, dict[str, Any]]:
@@ -27,38 +39,108 @@ def load_tool_config(config: Mapping[str, Any] | list | tuple | str | Path | Non
         from tool_backends.builtin import DEFAULT_TOOLS
 
         config = list(DEFAULT_TOOLS)
-    if isinstance(config, (str, Path)) and not str(config).startswith("http"):
-        path = Path(config)
-        if not path.exists():
-            raise ConfigError(f"tool config file {str(path)!r} does not exist")
-        text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError("reading a YAML tool config needs PyYAML (pip install pyyaml)") from None
-            config = yaml.safe_load(text)
-        else:
-            config = json.loads(text)
-        if isinstance(config, dict) and "tools" in config:
-            config = config["tools"]
+    if isinstance(config, Path) or (isinstance(config, str) and _is_file(config)):
+        config = _read_file(Path(config))
+    elif isinstance(config, str):
+        config = _parse_text(config)
     if isinstance(config, (list, tuple)):
-        config = {name: "local" for name in config}
+        config = dict(_list_entry(item) for item in config)
     if not isinstance(config, Mapping):
-        raise ConfigError(f"expected a mapping of tool name -> backend, got {type(config).__name__}")
-    out: dict[str, dict[str, Any]] = {}
-    for name, entry in config.items():
-        if isinstance(entry, str):
-            entry = {"backend": "http", "url": entry} if entry.startswith(("http://", "https://")) else {"backend": entry}
-        if not isinstance(entry, Mapping):
-            raise ConfigError(f"tool {name!r}: expected a backend name, URL or mapping, got {entry!r}")
-        entry = dict(entry)
-        entry.setdefault("backend", "http" if "url" in entry else "local")
-        if entry["backend"] not in BACKEND_KINDS:
-            raise ConfigError(f"tool {name!r}: backend must be one of {list(BACKEND_KINDS)}, got {entry['backend']!r}")
-        if entry["backend"] == "http" and not entry.get("url"):
-            raise ConfigError(f"tool {name!r}: an http backend needs a 'url'")
-        out[str(name)] = entry
+        raise ConfigError(f"expected tools as 'a,b=engine,c=http://...', a list, or a mapping of tool name -> "
+                          f"backend, got {type(config).__name__}")
+    return {str(name): _entry(str(name), entry) for name, entry in config.items()}
+
+
+def _is_file(text: str) -> bool:
+    t = text.strip()
+    return bool(t) and not t.startswith(("{", "[", "http://", "https://")) and Path(t).is_file()
+
+
+def _read_file(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"tool config file {str(path)!r} does not exist")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError("reading a YAML tool config needs PyYAML (pip install pyyaml)") from None
+        config = yaml.safe_load(text)
+    else:
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"tool config file {str(path)!r} is not valid JSON: {e.msg}") from None
+    return config["tools"] if isinstance(config, dict) and "tools" in config else config
+
+
+def _parse_text(text: str) -> Any:
+    t = text.strip()
+    if t.lower() in NO_TOOLS:
+        return []
+    if t[0] in "{[":
+        try:
+            return json.loads(t)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"expected tools as valid JSON, got {t!r}: {e.msg}") from None
+    if t.endswith((".json", ".yaml", ".yml")):
+        raise ConfigError(f"tool config file {t!r} does not exist")
+    return [p.strip() for p in t.split(",") if p.strip()]
+
+
+def _list_entry(item: Any) -> tuple[str, Any]:
+    """``"segment"``, ``"segment=classical"``, ``"segment=http://..."`` or ``{"name": ..., ...}``."""
+    if isinstance(item, Mapping):
+        entry = dict(item)
+        name = entry.pop("name", None)
+        if not isinstance(name, str):
+            raise ConfigError(f"expected a tool entry with a 'name', got {dict(item)!r}")
+        return name, entry
+    if not isinstance(item, str):
+        raise ConfigError(f"expected a tool name or 'name=engine', got {item!r}")
+    name, sep, value = item.strip().partition("=")
+    return name.strip(), (value.strip() if sep else "local")
+
+
+def _entry(name: str, entry: Any) -> dict[str, Any]:
+    if entry is None:
+        entry = "local"
+    if isinstance(entry, str):
+        if entry.startswith(("http://", "https://")):
+            entry = {"backend": "http", "url": entry}
+        elif entry in BACKEND_KINDS:
+            entry = {"backend": entry}
+        else:  # an engine name: {"segment": "classical"} == "segment=classical"
+            entry = {"backend": "local", "engine": entry}
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"tool {name!r}: expected a backend name, engine name, URL or mapping, got {entry!r}")
+    entry = dict(entry)
+    entry.setdefault("backend", "http" if "url" in entry else "local")
+    if entry["backend"] not in BACKEND_KINDS:
+        raise ConfigError(f"tool {name!r}: backend must be one of {list(BACKEND_KINDS)}, got {entry['backend']!r}")
+    if entry["backend"] == "http" and not entry.get("url"):
+        raise ConfigError(f"tool {name!r}: an http backend needs a 'url'")
+    return entry
+
+
+def with_tool_options(config: Mapping[str, Mapping[str, Any]], pairs: list[str] | None) -> dict[str, dict[str, Any]]:
+    """Add ``["segment.model=/models/medsam", ...]`` (``--tool-opt``) to a loaded config.
+
+    >>> with_tool_options({"segment": {"backend": "local"}}, ["segment.max_side=512"])
+    {'segment': {'backend': 'local', 'max_side': 512}}
+    """
+    from medvqa_env.config import parse_value
+    from medvqa_env.errors import unknown_name_message
+
+    out = {k: dict(v) for k, v in config.items()}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        tool, dot, option = key.strip().partition(".")
+        if not sep or not dot or not option:
+            raise ConfigError(f"expected a tool option as tool.key=value, got {pair!r}")
+        if tool not in out:
+            raise ConfigError(unknown_name_message("tool in --tools", tool, out))
+        out[tool][option] = parse_value(value.strip())
     return out
 
 
@@ -75,6 +157,10 @@ def make_backends(spec: Mapping[str, Mapping[str, Any]]):
         if entry["backend"] == "local":
             local_tools.append(build_tool(name, **options))
         else:
+            from medvqa_env.config import check_options
+            from tool_backends.http_client import HTTPToolBackend
+
+            check_options(HTTPToolBackend, options, f"tool {name!r} (http backend)")
             key = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in options.items()))
             by_url.setdefault(key, []).append(name)
     if local_tools:

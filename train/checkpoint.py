@@ -1,10 +1,16 @@
-"""Atomic checkpoints a killed run can resume from.
+"""Checkpoints a user can evaluate and a killed run can resume from.
 
-A checkpoint is a folder ``<out>/checkpoints/step_<N>/`` holding ``trainable.pt`` (only the
-parameters that train: all of them, the top layers, or LoRA adapters), ``optimizer.pt`` and
-``state.json`` (step, RNG states, running accuracy, reward-function state, metrics so far). It is
-written under a temporary name and renamed into place, then ``latest`` (a one-line file) is
-replaced atomically: a kill at any moment leaves the previous checkpoint intact.
+A checkpoint is a folder ``<out>/checkpoints/step_<N>/`` that is an ordinary Hugging Face model
+folder -- ``model.safetensors`` + ``config.json`` (or, under LoRA, a PEFT adapter folder:
+``adapter_model.safetensors`` + ``adapter_config.json`` naming its base), the tokenizer and image
+processor, and ``medvqa_run.json`` (the system prompt and the resolved run config) -- so
+``eval.run --agent vlm --agent-opt model=<out>/checkpoints/step_<N>`` loads it as it is. Beside
+the model, ``trainer_state/`` holds what resuming needs: ``optimizer.pt``, ``rng.pt`` and
+``state.json`` (step, running accuracy, reward-function state, wall time).
+
+The folder is written under a temporary name and renamed into place, then ``latest`` (a one-line
+file) is replaced atomically: a kill at any moment leaves the previous checkpoint intact. Only the
+newest ``keep`` checkpoints stay (``keep=0`` keeps all).
 """
 
 from __future__ import annotations
@@ -14,24 +20,28 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+RUN_FILE = "medvqa_run.json"
+STATE_DIR = "trainer_state"
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -40,26 +50,70 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def is_adapter(model: torch.nn.Module) -> bool:
+    """A PEFT (LoRA) model: its saves are adapter folders."""
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def save_model_folder(model: torch.nn.Module, encoder: Any, path: str | os.PathLike,
+                      run_info: Mapping[str, Any] | None = None, merge: bool = False) -> Path:
+    """Write ``model`` as an HF folder ``path`` (safetensors), with the tokenizer/processor of
+    ``encoder`` and ``medvqa_run.json``. Under LoRA: the adapter folder (its
+    ``base_model_name_or_path`` is ``run_info["base_model"]``), or the merged model with ``merge``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    info = dict(run_info or {})
+    if is_adapter(model) and merge:
+        model = model.merge_and_unload()
+    if is_adapter(model):
+        base = info.get("base_model")
+        if base:
+            for cfg in model.peft_config.values():
+                cfg.base_model_name_or_path = str(base)
+        model.save_pretrained(str(path))
+    elif hasattr(model, "save_pretrained"):
+        model.save_pretrained(str(path))
+    else:  # a plain torch module (tests): its state dict as safetensors
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+                  str(path / "model.safetensors"))
+    if encoder is not None:
+        encoder.save_pretrained(str(path))
+    if encoder is not None and "system_prompt" not in info:
+        info["system_prompt"] = getattr(encoder, "system_prompt", None)
+    (path / RUN_FILE).write_text(json.dumps(info, indent=1, default=str) + "\n")
+    return path
+
+
 def save_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int = 2) -> Path:
-    """Write checkpoint ``step`` atomically and keep only the newest ``keep``."""
+                    state: dict[str, Any], keep: int = 2, encoder: Any = None,
+                    run_info: Mapping[str, Any] | None = None) -> Path:
+    """Write checkpoint ``step`` atomically and keep only the newest ``keep`` (0 = all)."""
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".step_{step:06d}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(trainable_state(model), tmp / "trainable.pt")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step}, default=float))
+    save_model_folder(model, encoder, tmp, {**dict(run_info or {}), "step": step})
+    (tmp / STATE_DIR).mkdir()
+    torch.save(optimizer.state_dict(), tmp / STATE_DIR / "optimizer.pt")
+    torch.save(rng_state(), tmp / STATE_DIR / "rng.pt")
+    (tmp / STATE_DIR / "state.json").write_text(json.dumps({**state, "step": step}, default=float))
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     _atomic_write_text(root / "latest", final.name)
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if keep > 0:
+        for old in list_checkpoints(out_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(out_dir) / "checkpoints"
+    return sorted(p for p in root.glob("step_*") if (p / STATE_DIR / "state.json").is_file())
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
@@ -69,23 +123,41 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     if not marker.is_file():
         return None
     path = root / marker.read_text().strip()
-    return path if (path / "state.json").is_file() else None
+    return path if (path / STATE_DIR / "state.json").is_file() else None
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    """Put the weights saved in ``path`` into ``model`` (the same architecture, built as the run
+    builds it): adapter weights under LoRA, else the whole model, loaded by transformers (which
+    maps its on-disk names to the module's) and copied in."""
+    if is_adapter(model):
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+        return
+    if hasattr(model, "save_pretrained") and (path / "config.json").is_file():
+        loaded = type(model).from_pretrained(str(path), dtype=next(model.parameters()).dtype)
+        source = loaded.state_dict()
+    else:
+        from safetensors.torch import load_file
+
+        source = load_file(str(path / "model.safetensors"))
+    result = model.load_state_dict(source, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"expected the checkpoint's parameters in the model, got unknown names "
+                         f"{result.unexpected_keys[:3]}")
 
 
 def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     restore_rng: bool = True) -> dict[str, Any]:
     """Load weights (and optimizer, RNG) saved by :func:`save_checkpoint`; returns ``state.json``."""
     path = Path(path)
-    weights = torch.load(path / "trainable.pt", map_location="cpu")
-    params = dict(model.named_parameters())
-    missing = [n for n in weights if n not in params]
-    if missing:
-        raise ValueError(f"expected the checkpoint's parameters in the model, got unknown names {missing[:3]}")
     with torch.no_grad():
-        for n, t in weights.items():
-            params[n].copy_(t)
-    if optimizer is not None and (path / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu"))
-    if restore_rng and (path / "rng.pt").is_file():
-        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    return json.loads((path / "state.json").read_text())
+        load_weights(path, model)
+    state_dir = path / STATE_DIR
+    if optimizer is not None and (state_dir / "optimizer.pt").is_file():
+        optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", map_location="cpu"))
+    if restore_rng and (state_dir / "rng.pt").is_file():
+        set_rng_state(torch.load(state_dir / "rng.pt", weights_only=False))
+    return json.loads((state_dir / "state.json").read_text())

@@ -1,13 +1,14 @@
-"""What the SFT and GRPO scripts share: CLI parsing of a config dataclass, the env factory, the
-policy set-up (freezing, LoRA, reference model) and the held-out evaluation."""
+"""What the SFT and GRPO scripts share: the command line (:mod:`medvqa_env.cli`), the env factory,
+the policy set-up (device, dtype, freezing, LoRA, reference model, system prompt), the run record
+(``args.json``) with its resume check, and the held-out evaluation."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
-import typing
-from typing import Any, Sequence
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -19,68 +20,80 @@ SHORT_SYSTEM_PROMPT = (
     '<tool_call>{"name": "ground", "arguments": {"text": "lesion"}}</tool_call> to find lesions, '
     "then give the final answer as \\boxed{answer}."
 )
+"""The CPU demo's prompt (``--demo-prompt``): short, for a blind text model with the oracle ``ground``."""
 
 
 # ==============================================================================================
-# CLI from a dataclass (fields' docstrings become --help)
+# Command line
 # ==============================================================================================
-def field_docs(cls) -> dict[str, str]:
-    """The string literal under each field of a dataclass (CleanRL-style docs)."""
-    import ast
-    import inspect
-    import textwrap
+def parse_args(cls, argv: Sequence[str] | None = None, prog: str | None = None):
+    """``--field value`` for every field of dataclass ``cls`` (see :mod:`medvqa_env.cli`)."""
+    from medvqa_env.cli import parse_dataclass
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            docs[a.target.id] = str(b.value.value)
-    return docs
-
-
-def parse_args(cls, argv: Sequence[str] | None = None):
-    """``--field value`` for every field of dataclass ``cls``; bools take ``true/false``."""
-    docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(description=(cls.__doc__ or "").strip().splitlines()[0])
-    for f in dataclasses.fields(cls):
-        kind = hints[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        parser.add_argument(f"--{f.name}", type=_converter(kind), default=default, help=docs.get(f.name, ""))
-    return cls(**vars(parser.parse_args(argv)))
-
-
-def _converter(kind):
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    base = args[0] if args else kind
-    if base is bool:
-        return lambda s: str(s).lower() in ("1", "true", "yes", "y")
-    if base in (int, float):
-        return lambda s: None if str(s).lower() == "none" else base(s)
-    return lambda s: None if str(s).lower() == "none" else str(s)
+    return parse_dataclass(cls, argv, prog=prog)
 
 
 # ==============================================================================================
 # Env factory
 # ==============================================================================================
-def tool_config(spec: str) -> dict[str, Any]:
-    """``"ground=oracle,image_zoom_in"`` -> the toolbox config; ``""`` -> no tools.
+def tool_config(spec: Any) -> dict[str, Any]:
+    """Any tool spelling (see :func:`tool_backends.config.load_tool_config`) -> the toolbox config;
+    ``""`` -> no tools.
 
     >>> tool_config("ground=oracle,image_zoom_in")
     {'ground': {'backend': 'local', 'engine': 'oracle'}, 'image_zoom_in': {'backend': 'local'}}
     """
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, engine = part.partition("=")
-        out[name] = {"backend": "local", **({"engine": engine} if engine else {})}
+    from tool_backends.config import load_tool_config
+
+    return load_tool_config(spec)
+
+
+def reward_spec(name: str | None, options: Sequence[str] | Mapping[str, Any] | None = None) -> str | None:
+    """``--reward`` + ``--reward-opt`` -> the one string the env (and a Ray worker) resolves.
+
+    >>> reward_spec("armed", ["max_threshold=0.9"])
+    'armed:max_threshold=0.9'
+    """
+    from medvqa_env.config import parse_options, parse_spec
+
+    if name is None and not options:
+        return None
+    base, opts = parse_spec(name or "default", "reward")
+    opts.update(parse_options(options, "--reward-opt"))
+    if not opts:
+        return base
+    return base + ":" + ",".join(f"{k}={json.dumps(v)}" for k, v in opts.items())
+
+
+def env_kwargs(dataset: str, split: str, tools: Any, max_turns: int, dataset_options: Mapping | Sequence | None = None,
+               *, tool_options: Sequence[str] | None = None, answer_protocol: str = "boxed",
+               reward: str | None = None) -> dict:
+    """Plain keyword arguments for :class:`~medvqa_env.env.MedVQAEnv` (what pools and actors get):
+    the tool config resolved (so a typo fails here, once), loader options parsed."""
+    from medvqa_env.config import parse_options
+    from tool_backends.config import with_tool_options
+
+    out = {"dataset": dataset, "split": split, "tools": with_tool_options(tool_config(tools), tool_options) or [],
+           "max_turns": max_turns, "dataset_options": parse_options(dataset_options, "--dataset-opt"),
+           "answer_protocol": answer_protocol}
+    if reward is not None:
+        out["reward"] = reward
     return out
 
 
-def env_kwargs(dataset: str, split: str, tools: str, max_turns: int, dataset_options: dict | None = None) -> dict:
-    """Plain keyword arguments for :class:`~medvqa_env.env.MedVQAEnv` (what pools and actors get)."""
-    return {"dataset": dataset, "split": split, "tools": tool_config(tools) or [], "max_turns": max_turns,
-            "dataset_options": dict(dataset_options or {})}
+def run_env_kwargs(args: Any, split: str) -> dict:
+    """:func:`env_kwargs` from a trainer's ``Args`` (its dataset, tools, reward, protocol)."""
+    return env_kwargs(args.dataset, split, args.tools, args.max_turns, args.dataset_opt,
+                      tool_options=args.tool_opt, answer_protocol=args.answer_protocol,
+                      reward=reward_spec(args.reward, args.reward_opt))
+
+
+def system_prompt_of(args: Any) -> str | None:
+    """The prompt that replaces the env's: ``--system-prompt``, the demo's with ``--demo-prompt``,
+    else ``None`` (the env's own: its tools' schemas and answer protocol)."""
+    if args.demo_prompt and args.system_prompt:
+        raise ConfigError("expected --demo-prompt or --system-prompt, got both")
+    return SHORT_SYSTEM_PROMPT if args.demo_prompt else args.system_prompt
 
 
 def select_indices(dataset: str, split: str, answer_types: str, limit: int | None = None,
@@ -88,7 +101,9 @@ def select_indices(dataset: str, split: str, answer_types: str, limit: int | Non
     """Indices of the split's records whose answer type is in ``answer_types`` (comma list)."""
     from medvqa_env.datasets import load_dataset
 
-    ds = load_dataset(dataset, split=split, **dict(dataset_options or {}))
+    from medvqa_env.config import parse_options
+
+    ds = load_dataset(dataset, split=split, **parse_options(dataset_options, "--dataset-opt"))
     wanted = {t.strip().upper() for t in answer_types.split(",") if t.strip()}
     idx = [i for i, r in enumerate(ds) if not wanted or r.answer_type.value in wanted]
     if not idx:
@@ -137,10 +152,11 @@ def setup_trainable(model, train_layers: int = 0, lora_rank: int = 0, lora_alpha
 
 
 def build_policy(name: str, system_prompt: str | None, train_layers: int, lora_rank: int, seed: int,
-                 need_reference: bool):
-    """``(model, encoder, kind, reference)``; ``reference`` is ``None`` when not needed or when
-    LoRA is on (then the adapters are switched off to get reference log-probs)."""
-    model, encoder, kind = load_policy(name, system_prompt=system_prompt, seed=seed)
+                 need_reference: bool, device: str = "cpu", dtype: str | torch.dtype = "float32"):
+    """``(model, encoder, kind, reference)`` on ``device`` in ``dtype``; ``reference`` is ``None``
+    when not needed or when LoRA is on (then the adapters are switched off to get reference
+    log-probs)."""
+    model, encoder, kind = load_policy(name, system_prompt=system_prompt, seed=seed, device=device, dtype=dtype)
     reference = None
     if need_reference and lora_rank <= 0:
         reference = copy.deepcopy(model).eval()
@@ -156,11 +172,89 @@ def count_trainable(model) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters() if p.requires_grad), total
 
 
-def save_policy(model, encoder, path) -> None:
-    """A plain HF folder (LoRA merged) that :func:`agents.models.load_policy` loads back."""
-    to_save = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-    to_save.save_pretrained(path)
-    encoder.save_pretrained(path)
+def save_policy(model, encoder, path, run_info: Mapping[str, Any] | None = None) -> None:
+    """A plain HF folder (LoRA merged) that :func:`agents.models.load_policy` loads back, with
+    ``medvqa_run.json`` (system prompt, run config)."""
+    from train.checkpoint import save_model_folder
+
+    save_model_folder(model, encoder, path, run_info, merge=True)
+
+
+# ==============================================================================================
+# The run record: args.json, and a resume that cannot mix settings
+# ==============================================================================================
+MAY_CHANGE_ON_RESUME = frozenset({
+    "out", "resume", "allow_changed", "steps", "eval_every", "eval_size", "save_every", "keep", "save_final",
+    "torch_threads", "tensorboard", "report_to", "wandb_project", "env_workers", "micro_batch", "device",
+})
+"""Settings that do not change what is learned; anything else differing refuses a resume."""
+
+
+def resolved_config(args: Any) -> dict[str, Any]:
+    """``args`` as JSON, plus what it resolves to (tool config, reward, prompt) and provenance."""
+    from medvqa_env.provenance import provenance
+
+    config = dataclasses.asdict(args)
+    resolved = {"tools": tool_config(args.tools) if hasattr(args, "tools") else None,
+                "system_prompt": system_prompt_of(args) if hasattr(args, "demo_prompt") else None}
+    if hasattr(args, "reward"):
+        resolved["reward"] = reward_spec(args.reward, args.reward_opt) or "default"
+    if hasattr(args, "policy"):  # what a LoRA adapter folder names as its base
+        policy = Path(args.policy).expanduser()
+        resolved["base_model"] = str(policy.resolve()) if policy.is_dir() else args.policy
+    return {"args": config, "resolved": resolved, "provenance": provenance()}
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], allowed: Sequence[str] = ()) -> list[str]:
+    """``["lr: 2e-05 -> 0.001", ...]`` for the settings that differ and may not.
+
+    >>> config_differences({"lr": 2e-5, "steps": 10}, {"lr": 1e-3, "steps": 20})
+    ['lr: 2e-05 -> 0.001']
+    """
+    free = MAY_CHANGE_ON_RESUME | set(allowed)
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key in free:
+            continue
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+def check_resume(out: Path, args: Any, checkpoint: Path | None) -> None:
+    """Refuse to resume ``out`` with different settings (listing them) unless ``--allow-changed``
+    names them (or is ``all``); refuse a ``--steps`` below the checkpoint's step."""
+    path = out / "args.json"
+    if checkpoint is None or not path.is_file():
+        return
+    old = json.loads(path.read_text()).get("args", {})
+    allowed = [a.strip() for a in str(getattr(args, "allow_changed", "") or "").split(",") if a.strip()]
+    diffs = [] if "all" in allowed else config_differences(old, dataclasses.asdict(args), allowed)
+    if diffs:
+        raise ConfigError(f"{out} holds a run with other settings; resuming would mix them:\n  "
+                          + "\n  ".join(diffs) + "\nUse another --out, or --allow-changed "
+                          + ",".join(d.split(":")[0] for d in diffs) + " to resume with the new values.")
+    step = int(checkpoint.name.rsplit("_", 1)[-1])
+    if args.steps < step:
+        raise ConfigError(f"{out} is at step {step}, past --steps {args.steps}; nothing to train "
+                          "(use a larger --steps to continue, or another --out)")
+
+
+def write_run_record(out: Path, args: Any, resumed_at: int | None) -> dict[str, Any]:
+    """Write ``args.json`` (the resolved config); a resume with allowed changes is appended to
+    ``resumes.jsonl`` so the record shows every setting the run ever had."""
+    record = resolved_config(args)
+    path = out / "args.json"
+    if resumed_at is not None and path.is_file():
+        old = json.loads(path.read_text()).get("args", {})
+        changes = config_differences(old, record["args"], allowed=()) + [
+            f"{k}: {old.get(k)!r} -> {v!r}" for k, v in record["args"].items()
+            if k in MAY_CHANGE_ON_RESUME and old.get(k) != v and k not in ("resume", "allow_changed")]
+        with (out / "resumes.jsonl").open("a") as f:
+            f.write(json.dumps({"step": resumed_at, "changes": changes}) + "\n")
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return record
 
 
 # ==============================================================================================

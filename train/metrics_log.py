@@ -8,6 +8,7 @@ variance) and where it goes (JSONL always, TensorBoard when installed).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections import Counter, defaultdict
@@ -17,6 +18,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from train.algorithms import group_stats
+
+log = logging.getLogger("train")
 
 
 def summarise_rewards(components: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -60,35 +63,93 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
 
 
 class MetricsLogger:
-    """Appends one JSON object per step to ``<out>/metrics.jsonl`` and mirrors scalars to
-    TensorBoard (``<out>/tb``). Safe to reopen after a resume (it appends)."""
+    """Appends one JSON object per step to ``<out>/metrics.jsonl``, mirrors scalars to TensorBoard
+    (``<out>/tb``, with the run's hyper-parameters) and, with ``report_to="wandb"``, to Weights &
+    Biases. Safe to reopen after a resume (it appends; a W&B run resumes by its saved id). Warns
+    when every GRPO group of a step had zero reward variance (no learning signal)."""
 
-    def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True, report_to: str = "none",
+                 hparams: Mapping[str, Any] | None = None, project: str = "medvqa-gym") -> None:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / "metrics.jsonl"
         self.writer = None
-        if tensorboard:
+        self.wandb = None
+        targets = {t.strip().lower() for t in str(report_to or "none").split(",") if t.strip()} - {"none"}
+        unknown = targets - {"wandb", "tensorboard"}
+        if unknown:
+            from medvqa_env.errors import ConfigError
+
+            raise ConfigError(f"expected --report-to wandb, tensorboard or none, got {sorted(unknown)}")
+        flat = flatten_hparams(hparams or {})
+        if tensorboard or "tensorboard" in targets:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.writer = SummaryWriter(str(self.out / "tb"))
             except ImportError:
                 self.writer = None
+            if self.writer is not None and flat:
+                self.writer.add_text("hparams", "\n".join(f"    {k} = {v}" for k, v in flat.items()), 0)
+                self.writer.add_hparams(flat, {}, run_name=".")
+        if "wandb" in targets:
+            self.wandb = _start_wandb(self.out, project, hparams or {})
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if row.get("groups/zero_variance_share") == 1.0:
+            log.warning("step %d: every group had zero reward variance (all rollouts of a question scored the "
+                        "same), so the advantages and the policy gradient are zero; raise --group-size or "
+                        "--temperature, or check that the reward can tell answers apart", step)
+        scalars = {k: v for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
         if self.writer is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.writer.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self.writer.add_scalar(k, v, step)
             self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=int(step))
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def flatten_hparams(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> ``{"args/lr": 2e-05, ...}`` with TensorBoard-safe values.
+
+    >>> flatten_hparams({"args": {"lr": 0.1, "tools": None, "opt": ["a=1"]}})
+    {'args/lr': 0.1, 'args/tools': 'None', 'args/opt': '["a=1"]'}
+    """
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_hparams(v, key + "/"))
+        elif isinstance(v, (bool, int, float, str)):
+            out[key] = v
+        else:
+            out[key] = json.dumps(v, default=str) if v is not None else "None"
+    return out
+
+
+def _start_wandb(out: Path, project: str, config: Mapping[str, Any]):
+    from medvqa_env.errors import ConfigError
+
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("--report-to wandb needs the wandb package: pip install 'medvqa-gym[wandb]' "
+                          "(or drop --report-to)") from None
+    id_file = out / "wandb_id.txt"
+    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    return wandb.init(project=project, id=run_id, resume="allow", dir=str(out), name=out.name,
+                      config=dict(config))
 
 
 def _plain(v: Any) -> Any:

@@ -1,8 +1,9 @@
 """The evaluation loop: many live episodes at once, the agent called on all that wait for it.
 
 ``evaluate(agent, dataset, config, out_dir)`` keeps ``config.batch_size`` episodes live. Env work
-(reset, image loading, tools, reward, open-answer metrics) runs in :class:`eval.pool.EnvPool`
-workers; the agent runs here and gets every conversation that is waiting in one ``act_batch``
+(reset, image loading, tools, per-episode scores and open-answer metrics) runs in the workers of a
+:class:`medvqa_env.pool.EnvPool` (the env reward is scored by the pool, in batches); the agent runs
+here and gets every conversation that is waiting in one ``act_batch``
 call. Each finished episode is appended to ``episodes.jsonl`` at once (see :mod:`eval.results`);
 a rerun skips what is there. Episode ``(record, sample)`` always gets the same seed, so K samples
 per question differ while a rerun repeats them exactly.
@@ -28,9 +29,10 @@ from typing import Any, Callable, Mapping, Sequence
 from agents.base import Agent
 from medvqa_env.chat import Conversation
 from medvqa_env.records import VQADataset, VQARecord
-from eval.pool import EnvPool, EnvSpec
+from medvqa_env.pool import EnvPool, PoolSpec
 from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
 from eval.scoring import tool_stats
+from eval.selection import describe_selection, select_records
 from eval.summary import EvalSummary
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,15 @@ class EvalConfig:
     seed: int = 0
     """Base seed; episode seeds derive from it, the record id and the sample index."""
     limit: int | None = None
-    """Evaluate only the first ``limit`` questions of the split."""
+    """Evaluate ``limit`` questions: the first of the split, or of the ``shuffle``/``stratify``
+    order (:mod:`eval.selection`; a larger limit extends the same selection). ``None``: all."""
+    shuffle: bool = False
+    """Take the questions in a seeded random order (``shuffle_seed``) before ``limit`` applies."""
+    stratify: str | None = None
+    """Keep each group of this record field (``answer_type``, ``dataset``, ``modality``, ``organ``,
+    ``question_type``) at its share of the split when ``limit`` takes N questions."""
+    shuffle_seed: int | None = None
+    """Seed of the ``shuffle``/``stratify`` draw (``None``: ``seed``)."""
     workers: int = 2
     """Env worker processes; 0 runs envs in this process (serial, for debugging and baselines)."""
     batch_size: int = 32
@@ -61,7 +71,9 @@ class EvalConfig:
     observation_style: str = "observation_tag"
     """How tool outputs reach the agent (see ``MedVQAEnv``)."""
     reward: str = "rule"
-    """Env reward recorded per episode (``rule``, ``default`` or a registry name); see ``EnvSpec``."""
+    """Env reward recorded per episode: ``rule`` (default: rule ±1 for CLOSED/MCQ, exact match for
+    OPEN -- cheap and stateless), ``default`` (the training reward, :func:`rewards.default_reward`)
+    or a registry name. Its adaptive state never moves during an evaluation."""
     open_metrics: bool = True
     """Compute BLEU-1/ROUGE-1/BERTScore/CosSim for OPEN answers (needs the ``rewards`` extra)."""
     metrics_options: dict = field(default_factory=dict)
@@ -177,7 +189,7 @@ class Runner:
         if config.batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
-        self.dataset = dataset if config.limit is None else dataset[: config.limit]
+        self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config))
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rows: dict[str, dict[str, Any]] = {}  # rows written in this call, by key (latest)
 
@@ -239,11 +251,12 @@ class Runner:
             return []
         n_workers = max(1, cfg.workers)
         slots = max(1, -(-min(cfg.batch_size, total) // n_workers))
-        env_options = {"max_turns": cfg.max_turns, "answer_protocol": cfg.answer_protocol,
-                       "observation_style": cfg.observation_style}
-        spec = EnvSpec(self.dataset, tools=cfg.tools, reward=cfg.reward, env_options=env_options,
-                       open_metrics=cfg.open_metrics, metrics_options=cfg.metrics_options)
-        pool = EnvPool(spec, cfg.workers, slots) if total else None
+        spec = PoolSpec({"dataset": self.dataset, "tools": cfg.tools, "max_turns": cfg.max_turns,
+                         "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style},
+                        episode_hook="eval.scoring:EpisodeScorer",
+                        hook_options={"open_metrics": cfg.open_metrics, "metrics_options": cfg.metrics_options})
+        pool = EnvPool(spec, size=n_workers * slots, backend="process" if cfg.workers else "thread",
+                       workers=n_workers, reward=eval_reward(cfg.reward)) if total else None
         free = [list(range(slots)) for _ in range(n_workers)]
         queued: list[list[tuple]] = [[] for _ in range(n_workers)]
         inflight: list[list[_Episode]] = [[] for _ in range(n_workers)]
@@ -287,7 +300,7 @@ class Runner:
                         ep = todo.popleft()
                         ep.worker, ep.slot = w, free[w].pop()
                         ep.started = time.perf_counter()
-                        queued[w].append(("reset", ep.slot, ep.index, ep.seed))
+                        queued[w].append(("reset", ep.slot, ep.seed, {"index": ep.index}))
                         queued_eps[w].append(ep)
                 # 2. send queued commands to idle workers
                 for w in range(n_workers):
@@ -396,6 +409,20 @@ class Runner:
         return out
 
 
+def eval_reward(name: str):
+    """The env reward an evaluation records per episode (see :attr:`EvalConfig.reward`)."""
+    from rewards import ByAnswerType, ExactMatchReward, RuleReward, default_reward
+
+    if name == "rule":
+        rule = RuleReward()
+        return ByAnswerType(closed=rule, mcq=rule, open=ExactMatchReward())
+    if name == "default":
+        return default_reward()
+    from rewards.registry import build_reward
+
+    return build_reward(name)
+
+
 def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = False) -> None:
     """Refuse to mix results of a different setup into ``out_dir`` (unless ``overwrite``)."""
     from medvqa_env.errors import ConfigError
@@ -414,16 +441,35 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
                           f"use another --out or pass --overwrite")
 
 
-def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str) -> dict[str, Any]:
-    info = {"agent": agent.config(), "dataset": dataset.name, "split": split}
+def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str | None = None) -> dict[str, Any]:
+    """What ``run.json`` records: the agent, the dataset and its split (the records' own when the
+    caller does not say), the identity fields with the tool config *resolved*, and provenance."""
+    from medvqa_env.provenance import provenance
+    from tool_backends.config import load_tool_config
+
+    info = {"agent": agent.config(), "dataset": dataset.name, "split": split or dataset_split(dataset)}
     cfg = asdict(config)
     info.update({k: cfg[k] for k in EvalConfig.IDENTITY})
-    info.update({"k": config.k, "limit": config.limit})
+    info["tools"] = load_tool_config(config.tools) if not hasattr(config.tools, "names") else list(config.tools.names)
+    info["provenance"] = provenance()
+    info.update({"k": config.k, "limit": config.limit, "shuffle": config.shuffle, "stratify": config.stratify,
+                 "shuffle_seed": selection_seed(config)})
     return info
 
 
+def dataset_split(dataset: VQADataset) -> str | None:
+    """The split the records say they come from (``"mixed"`` when they disagree)."""
+    splits = {getattr(r, "split", None) for r in dataset}
+    splits.discard(None)
+    return splits.pop() if len(splits) == 1 else ("mixed" if splits else None)
+
+
+def selection_seed(config: EvalConfig) -> int:
+    return config.seed if config.shuffle_seed is None else config.shuffle_seed
+
+
 def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None,
-             out_dir: str | Path | None = None, judge: Judge | None = None, split: str = "test",
+             out_dir: str | Path | None = None, judge: Judge | None = None, split: str | None = None,
              overwrite: bool = False, write_report: bool = True) -> EvalSummary:
     """Run ``agent`` over ``dataset`` and return the :class:`~eval.summary.EvalSummary`.
 
@@ -435,7 +481,10 @@ def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None
     from eval.report import write_reports
 
     config = config or EvalConfig()
+    runner = Runner(agent, dataset, config, out_dir, judge)  # selects the questions; none is an error
     info = run_info(agent, dataset, config, split)
+    info["selection"] = describe_selection(dataset, runner.dataset, config.limit, config.shuffle, config.stratify,
+                                           selection_seed(config))
     if judge is not None:
         info["judge"] = judge.describe() if hasattr(judge, "describe") else repr(judge)
     if out_dir is not None:
@@ -446,7 +495,6 @@ def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None
             (out / RESULTS_FILE).unlink()
         (out / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     start = time.perf_counter()
-    runner = Runner(agent, dataset, config, out_dir, judge)
     new_rows = runner.run()
     wall = time.perf_counter() - start
     if out_dir is not None:

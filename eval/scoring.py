@@ -135,3 +135,70 @@ def score_episode(record: VQARecord, answer: str | None, format_ok: bool) -> dic
     else:
         out["correct"] = bool(answer_matches(sample))
     return out
+
+
+class EpisodeScorer:
+    """The harness's per-episode scoring, run inside the env workers beside the envs
+    (:class:`medvqa_env.pool.PoolSpec` ``episode_hook="eval.scoring:EpisodeScorer"``), so it runs in
+    parallel with the other workers and the agent.
+
+    Per step it flags each tool call ``invalid`` (:func:`is_invalid_call`); when an episode ends it
+    adds ``out["score"]`` (:func:`score_episode`); per command list it fills the OPEN episodes'
+    ``score["metrics"]`` in one batched :class:`OpenMetrics` call (``score_s`` is each one's share).
+    A metric failure costs the metrics (``metrics_error``), never the episode.
+    """
+
+    def __init__(self, toolbox: Any, open_metrics: bool = True, metrics_options: Mapping[str, Any] | None = None) -> None:
+        self.tool_specs = {s.name: s for s in toolbox.specs}
+        self.want_open_metrics = bool(open_metrics)
+        self.metrics_options = dict(metrics_options or {})
+        self._metrics: OpenMetrics | None = None
+        self.metrics_error: str | None = None
+
+    def _open_metrics(self) -> OpenMetrics | None:
+        if self.want_open_metrics and self._metrics is None and self.metrics_error is None:
+            try:
+                self._metrics = OpenMetrics(**self.metrics_options)
+            except ImportError as e:
+                self.metrics_error = f"{type(e).__name__}: {e}"
+                log.warning("open-answer metrics unavailable: %s", e)
+        return self._metrics
+
+    def on_step(self, env: Any, out: dict[str, Any]) -> None:
+        info = out["info"]
+        for call in info.get("tool_calls", ()):
+            call["invalid"] = is_invalid_call(call, self.tool_specs)
+        if out["terminated"] or out["truncated"]:
+            out["score"] = score_episode(env.record, info.get("answer"), bool(info.get("format_ok")))
+            out["score_s"] = 0.0
+            out["_record_answer"] = env.record.answer
+
+    def on_batch(self, outs: list[dict[str, Any]]) -> None:
+        import time
+
+        batch, references = [], []
+        for o in outs:
+            reference = o.pop("_record_answer", None)
+            if o.get("score", {}).pop("needs_open_metrics", False):
+                batch.append(o)
+                references.append(reference)
+        if not batch:
+            return
+        t0 = time.perf_counter()
+        metrics = self._open_metrics()
+        if metrics is None:
+            if self.want_open_metrics:
+                for o in batch:
+                    o["score"]["metrics_error"] = self.metrics_error
+            return
+        try:
+            rows = metrics([o["score"]["answer"] or "" for o in batch], references)
+        except Exception as e:  # noqa: BLE001 -- a metric failure costs the metrics, not the episodes
+            log.warning("open-answer metrics failed: %s", e, exc_info=True)
+            for o in batch:
+                o["score"]["metrics_error"] = f"{type(e).__name__}: {e}"
+            return
+        share = (time.perf_counter() - t0) / len(batch)
+        for o, row in zip(batch, rows):
+            o["score"]["metrics"] = row
+            o["score_s"] = share

@@ -11,7 +11,8 @@ from medvqa_env.env import MedVQAEnv
 from medvqa_env.parser import ParsedAction, ToolCall, parse_action
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 
-register(id="MedVQA-v0", entry_point="medvqa_env.env:MedVQAEnv", max_episode_steps=None)
+register(id="MedVQA-v0", entry_point="medvqa_env.env:MedVQAEnv",
+         vector_entry_point="medvqa_env.vector:MedVQAVectorEnv", max_episode_steps=None)
 
 __all__ = ["MedVQAEnv", "ParsedAction", "ToolCall", "parse_action", "AnswerType", "VQADataset", "VQARecord"]
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ from PIL import Image
 
 from medvqa_env import prompts
 from medvqa_env.errors import ConfigError, EnvStateError
+from medvqa_env.frame import fit_image, frame_note, scale_annotations
 from medvqa_env.images import load_image
 from medvqa_env.parser import AnswerProtocol, ParsedAction, get_answer_protocol, parse_action
 from medvqa_env.records import VQADataset, VQARecord
@@ -34,8 +35,15 @@ class MedVQAEnv(gym.Env[dict, str]):
         dataset_options: extra keyword arguments for the loader (e.g. ``root``, ``path``).
         tools: a ``Toolbox``, a tool config (see :mod:`tool_backends.config`), a list of tool names,
             or ``None`` for the default (``image_zoom_in`` in-process). ``[]`` disables tools.
-        reward: a :class:`rewards.RewardFunction`; default :func:`rewards.default_reward`
-            (rule ±1 for CLOSED/MCQ, ARMed for OPEN).
+        reward: a :class:`rewards.RewardFunction`, a registry name (``"armed"``) or ``None`` for
+            :func:`rewards.default_reward` (rule ±1 for CLOSED/MCQ, ARMed for OPEN).
+        services: an :class:`~medvqa_env.services.EnvServices` shared with other copies (one
+            reward object and one toolbox for a whole GRPO group); when given, ``tools`` and
+            ``reward`` must be left out. Without it the env builds a private one.
+        defer_reward: leave the final scoring to the caller: the terminal step returns reward 0.0
+            and ``info["reward_input"]``, and :func:`apply_reward` fills in the reward later.
+            :class:`medvqa_env.pool.EnvPool` uses this to score every episode of a step in one
+            batch with the run's one reward object.
         max_turns: tool turns allowed (seed: 3). After the last one, one more turn may answer;
             a turn without an answer then truncates the episode.
         answer_protocol: ``"boxed"`` (``\\boxed{}``, seed 000) or ``"xml"`` (MediX-R1).
@@ -68,6 +76,8 @@ class MedVQAEnv(gym.Env[dict, str]):
         max_action_chars: int = 65_536,
         max_image_side: int = 4096,
         render_mode: str | None = None,
+        services: Any = None,
+        defer_reward: bool = False,
     ) -> None:
         if not isinstance(max_turns, int) or max_turns < 0:
             raise ConfigError(f"expected max_turns to be an int >= 0, got {max_turns!r}")
@@ -78,8 +88,20 @@ class MedVQAEnv(gym.Env[dict, str]):
         self.dataset = _resolve_dataset(dataset, split, dataset_options)
         if len(self.dataset) == 0:
             raise ConfigError(f"dataset {self.dataset.name!r} (split {split!r}) is empty")
-        self.toolbox = _resolve_toolbox(tools)
-        self.reward_fn = _resolve_reward(reward)
+        from medvqa_env.services import EnvServices
+
+        self._owns_services = services is None  # a shared toolbox is closed by whoever built it
+        if services is None:
+            services = EnvServices.build(tools, reward)
+        elif not isinstance(services, EnvServices):
+            raise ConfigError(f"expected services to be an EnvServices, got {type(services).__name__}")
+        elif tools is not None or reward is not None:
+            raise ConfigError("expected either services or tools/reward, got both (the services hold the "
+                              "toolbox and the reward that copies share)")
+        self.services = services
+        self.toolbox = services.toolbox
+        self.reward_fn = services.reward
+        self.defer_reward = bool(defer_reward)
         self.max_turns = max_turns
         self.protocol = get_answer_protocol(answer_protocol)
         self.observation_style = observation_style
@@ -96,7 +118,9 @@ class MedVQAEnv(gym.Env[dict, str]):
     # ------------------------------------------------------------------------------------------
     def _clear_episode(self) -> None:
         self.record: VQARecord | None = None
-        self.images: list[Image.Image] = []
+        self.images: list[Image.Image] = []  # as shown to the agent: the frame every tool measures
+        self.original_sizes: list[tuple[int, int]] = []  # the files' sizes before any downscaling
+        self.annotations = None  # the record's annotations in the shown frame (see medvqa_env.frame)
         self.messages: list[dict[str, Any]] = []
         self.trace: list[dict[str, Any]] = []  # per-turn log used by render and the evaluation
         self.turn = 0
@@ -126,10 +150,15 @@ class MedVQAEnv(gym.Env[dict, str]):
             index = int(self.np_random.integers(len(self.dataset)))
         self._clear_episode()
         record = self.dataset[index]
-        self.images = [load_image(p, record.id) for p in record.image_paths]
+        loaded = [load_image(p, record.id) for p in record.image_paths]
+        fitted = [fit_image(im, self.max_image_side) for im in loaded]
+        self.images = [im for im, _ in fitted]
+        self.original_sizes = [im.size for im in loaded]
+        self.annotations = scale_annotations(record.annotations, [scale for _, scale in fitted])
         self.record = record
         self._index = index
-        user_text = prompts.question_prompt(record)
+        user_text = "\n".join(filter(None, [prompts.question_prompt(record),
+                                             frame_note(self.original_sizes, self.images)]))
         self.messages = [
             {"role": "system", "content": self.system_prompt},
             _user_message(user_text, range(len(self.images))),
@@ -193,8 +222,9 @@ class MedVQAEnv(gym.Env[dict, str]):
             for call in parsed.tool_calls:
                 record = self.toolbox.call(call, self.images, self._tool_context())
                 first_new = len(self.images)
-                self.images.extend(record.result.images)
-                new_images.extend(record.result.images)
+                shown = [fit_image(im, self.max_image_side)[0] for im in record.result.images]
+                self.images.extend(shown)
+                new_images.extend(shown)
                 indices = list(range(first_new, len(self.images)))
                 entry = record.to_dict()
                 entry["new_image_indices"] = indices
@@ -222,6 +252,9 @@ class MedVQAEnv(gym.Env[dict, str]):
         record = self.record
         self.done = True
         tool_log = [c for t in self.trace for c in t["tool_calls"]]
+        self.trace.append({"turn": self.turn, "action": parsed.to_dict(), "observation": None, "tool_calls": []})
+        info.update({"end_reason": end_reason, "answer": parsed.answer, "ground_truth": record.answer,
+                     "format_ok": parsed.format_ok, "record_id": record.id, "answer_type": record.answer_type.value})
         sample = RewardInput(
             completion=parsed.raw,
             answer=parsed.answer,
@@ -232,33 +265,23 @@ class MedVQAEnv(gym.Env[dict, str]):
             metadata={
                 "record_id": record.id, "question": record.question, "modality": record.modality,
                 "dataset": record.dataset, "tool_calls": tool_log,
-                "annotations": record.annotations.to_dict(), "image_paths": list(record.image_paths),
+                "annotations": self.annotations.to_dict(), "image_paths": list(record.image_paths),
                 "trajectory": [m["content"] for m in self.messages if m["role"] == "assistant"],
                 "end_reason": end_reason,
             },
         )
-        result = self.reward_fn([sample])[0]
-        reward = 0.0 if result.total is None else float(result.total)
-        components = dict(result.components)
-        self.trace.append({"turn": self.turn, "action": parsed.to_dict(), "observation": None, "tool_calls": []})
-        info.update({
-            "end_reason": end_reason,
-            "answer": parsed.answer,
-            "ground_truth": record.answer,
-            "correct": bool(components.get("accuracy", 0.0) >= 1.0) if "accuracy" in components else None,
-            "format_ok": parsed.format_ok,
-            "reward_components": components,
-            "record_id": record.id,
-            "answer_type": record.answer_type.value,
-        })
         obs = {"text": "", "images": ()}
+        if self.defer_reward:
+            info["reward_input"] = sample
+            return obs, 0.0, end_reason == "answer", end_reason != "answer", info
+        reward = apply_reward(info, self.reward_fn([sample])[0])
         return obs, reward, end_reason == "answer", end_reason != "answer", info
 
     def _tool_context(self):
         from tool_backends.base import ToolContext
 
         r = self.record
-        return ToolContext(record_id=r.id, dataset=r.dataset, annotations=r.annotations, question=r.question)
+        return ToolContext(record_id=r.id, dataset=r.dataset, annotations=self.annotations, question=r.question)
 
     def _observation_message(self, text: str, image_indices) -> dict[str, Any]:
         if self.observation_style == "tool_role":
@@ -269,10 +292,8 @@ class MedVQAEnv(gym.Env[dict, str]):
         return _user_message(text, image_indices)
 
     def _as_array(self, image: Image.Image) -> np.ndarray:
-        if max(image.size) > self.max_image_side:
-            image = image.copy()
-            image.thumbnail((self.max_image_side, self.max_image_side))
-        return np.array(image, dtype=np.uint8)
+        """The observation copy of an episode image (already fitted to ``max_image_side``)."""
+        return np.array(image if image.mode == "RGB" else image.convert("RGB"), dtype=np.uint8)
 
     def render(self):
         """An RGB picture of the episode: images with zoom boxes, masks and grounding boxes, and
@@ -284,9 +305,19 @@ class MedVQAEnv(gym.Env[dict, str]):
         return render_episode(self)
 
     def close(self) -> None:
-        toolbox = getattr(self, "toolbox", None)
-        if toolbox is not None:
-            toolbox.close()
+        services = getattr(self, "services", None)
+        if services is not None and self._owns_services:
+            services.close()
+
+
+def apply_reward(info: dict[str, Any], result: Any) -> float:
+    """Write a :class:`rewards.RewardOutput` into a terminal step's ``info`` (``reward_components``,
+    ``correct``) and return the reward. The env does this at once; a caller that deferred the
+    scoring (``defer_reward=True``) does it after scoring ``info.pop("reward_input")`` in a batch."""
+    components = dict(result.components)
+    info["reward_components"] = components
+    info["correct"] = bool(components.get("accuracy", 0.0) >= 1.0) if "accuracy" in components else None
+    return 0.0 if result.total is None else float(result.total)
 
 
 def _user_message(text: str, image_indices) -> dict[str, Any]:
@@ -304,25 +335,3 @@ def _resolve_dataset(dataset, split, options) -> VQADataset:
     from medvqa_env.datasets import load_dataset
 
     return load_dataset(dataset, split=split, **dict(options or {}))
-
-
-def _resolve_toolbox(tools):
-    from tool_backends.toolbox import Toolbox
-
-    if isinstance(tools, Toolbox):
-        return tools
-    return Toolbox.from_config(tools)
-
-
-def _resolve_reward(reward):
-    if reward is None:
-        from rewards import default_reward
-
-        return default_reward()
-    if isinstance(reward, str):
-        from rewards.registry import build_reward
-
-        return build_reward(reward)
-    if not callable(reward):
-        raise ConfigError(f"expected a reward function, got {type(reward).__name__}")
-    return reward

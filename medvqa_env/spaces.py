@@ -13,6 +13,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from medvqa_env import shared_obs
+
 
 class UnicodeText(spaces.Text):
     """Any ``str`` of length ``min_length..max_length``; ``sample()`` draws from ``charset``."""
@@ -77,12 +79,27 @@ def _iterate_images(space: ImageSpace, items):
     return iter(items)
 
 
+class ImageSequence(spaces.Sequence):
+    """A tuple of :class:`ImageSpace` images of any length (an observation's new images)."""
+
+    def __init__(self, max_side: int = 4096, seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(ImageSpace(max_side), seed=seed, stack=False)
+
+    def __repr__(self) -> str:
+        return f"ImageSequence(max_side={self.feature_space.max_side})"
+
+
+# Gymnasium's AsyncVectorEnv (shared memory on by default) gets a slot per copy for each.
+shared_obs.register(UnicodeText, ImageSequence, text_slot_bytes=8 << 20,
+                    image_slot_bytes=lambda space: 4 * 3 * space.feature_space.max_side ** 2 + (1 << 20))
+
+
 def observation_space(max_text_chars: int, max_image_side: int) -> spaces.Dict:
     """``{"text": UnicodeText, "images": Sequence(ImageSpace)}`` (see :class:`MedVQAEnv`)."""
     return spaces.Dict(
         {
             "text": UnicodeText(max_length=max_text_chars, min_length=0),
-            "images": spaces.Sequence(ImageSpace(max_image_side), stack=False),
+            "images": ImageSequence(max_image_side),
         }
     )
 

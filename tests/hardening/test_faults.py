@@ -36,13 +36,15 @@ def tool_entries(info, i):
 
 @pytest.fixture
 def vec_env_on(server_factory):
-    from medvqa_env.vector import make_vec_env
-    from rewards import RuleReward
+    import gymnasium as gym
+
+    import medvqa_env  # noqa: F401
 
     server = server_factory("serve", ["--tools", "segment"])
     tools = {"image_zoom_in": "local",
              "segment": {"url": server.url, "timeout_s": TIMEOUT_S, "retries": 1}}
-    venv = make_vec_env(4, mode="async", dataset="embedded", tools=tools, reward=RuleReward(), max_turns=3)
+    venv = gym.make_vec("MedVQA-v0", 4, backend="process", workers=4, dataset="embedded", tools=tools,
+                        reward="rule", max_turns=3)
     yield server, venv
     venv.close()
 

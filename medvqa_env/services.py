@@ -1,0 +1,90 @@
+"""What the env copies of one run share: the reward and the toolbox.
+
+A GRPO group is n copies of the env on one question, and a training step is many groups. They must
+agree on anything stateful or expensive: the reward (one object, so one loaded encoder and one set
+of ARMed thresholds) and the toolbox (its loaded tool models and its result cache, so the n copies
+that make the same call pay once). Gymnasium's vector envs share nothing between copies on purpose;
+here whatever copies share is built once, outside them, and handed to each:
+
+>>> from medvqa_env.env import MedVQAEnv
+>>> services = EnvServices.build(tools=[], reward="rule")
+>>> a, b = (MedVQAEnv("embedded", services=services) for _ in range(2))
+>>> a.reward_fn is b.reward_fn is services.reward and a.toolbox is b.toolbox
+True
+
+A single env made in a notebook builds a private ``EnvServices`` from its ``tools``/``reward``
+arguments, so it still works alone. Scoring never moves the reward's adaptive state; the owner of
+the run (a trainer, :class:`medvqa_env.pool.EnvPool`) calls :meth:`EnvServices.end_batch` once at
+the end of each batch, and ``state_dict`` carries that state through checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from medvqa_env.errors import ConfigError
+
+
+@dataclass
+class EnvServices:
+    """One reward object and one toolbox for every env copy in this process."""
+
+    reward: Any
+    """A :class:`rewards.RewardFunction` (called with batches of :class:`rewards.RewardInput`)."""
+    toolbox: Any
+    """A :class:`tool_backends.toolbox.Toolbox` (tool backends, loaded models, result cache)."""
+
+    @classmethod
+    def build(cls, tools: Any = None, reward: Any = None) -> "EnvServices":
+        """From the env's ``tools`` and ``reward`` arguments (any form :class:`MedVQAEnv` takes)."""
+        return cls(reward=resolve_reward(reward), toolbox=resolve_toolbox(tools))
+
+    def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
+        """The end of a training batch: the reward's adaptive state moves once (see
+        :meth:`rewards.RewardFunction.end_batch`); returns what moved."""
+        return self.reward.end_batch(batch_id) if hasattr(self.reward, "end_batch") else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The reward state a checkpoint must hold (tool caches are a speed-up, not state)."""
+        return {"reward": self.reward.state_dict() if hasattr(self.reward, "state_dict") else {}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "reward" not in state:
+            raise ValueError(f"expected a services state with 'reward', got keys {sorted(state)!r}")
+        if hasattr(self.reward, "load_state_dict"):
+            self.reward.load_state_dict(state["reward"])
+
+    def close(self) -> None:
+        self.toolbox.close()
+
+
+def resolve_toolbox(tools: Any):
+    """A ``Toolbox`` as is, or one built from any tool config (see :mod:`tool_backends.config`)."""
+    from tool_backends.toolbox import Toolbox
+
+    if isinstance(tools, Toolbox):
+        return tools
+    return Toolbox.from_config(tools)
+
+
+def resolve_reward(reward: Any):
+    """``None`` -> :func:`rewards.default_reward`; a name -> the registry; a callable as is."""
+    if reward is None:
+        from rewards import default_reward
+
+        return default_reward()
+    if isinstance(reward, str):
+        from rewards.registry import build_reward
+
+        return build_reward(reward)
+    if isinstance(reward, Mapping):
+        from rewards.registry import build_reward
+
+        options = dict(reward)
+        if "name" not in options:
+            raise ConfigError(f"expected a reward mapping with a 'name', got keys {sorted(options)!r}")
+        return build_reward(options.pop("name"), **options)
+    if not callable(reward):
+        raise ConfigError(f"expected a reward function, name or mapping, got {type(reward).__name__}")
+    return reward

@@ -8,59 +8,44 @@ Example::
 Writes ``runs/prior/episodes.jsonl`` (resumable: rerun the same command to continue), ``run.json``,
 ``summary.json``, ``report.md`` and ``report.html``. ``--agent`` takes a name from
 ``agents.registry``, ``scripted`` (the harness's zero-cost test agent) or ``package.module:Class``.
+A trainer's checkpoint is evaluated as it is: ``--agent vlm --agent-opt model=runs/grpo/checkpoints/step_000010``
+(``--agent-opt dtype=bfloat16 --agent-opt device=cuda`` on a GPU). Every flag is shown with its
+default by ``--help``; user errors print ``medvqa-eval: error: ...`` and exit 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from medvqa_env.config import parse_options as _parse_options
 from medvqa_env.errors import ConfigError
 
 log = logging.getLogger("eval.run")
+PROG = "medvqa-eval"
 
 
 def parse_options(pairs: Sequence[str] | None, what: str = "option") -> dict[str, Any]:
     """``["k=4", "name=x", "flag=true"]`` -> ``{"k": 4, "name": "x", "flag": True}`` (JSON values
-    where they parse, strings otherwise).
+    where they parse, strings otherwise; see :mod:`medvqa_env.config`).
 
     >>> parse_options(["temperature=0.7", "model=Qwen/Qwen2.5-VL", "tools=[\\"a\\"]"])
     {'temperature': 0.7, 'model': 'Qwen/Qwen2.5-VL', 'tools': ['a']}
     """
-    out: dict[str, Any] = {}
-    for pair in pairs or ():
-        if "=" not in pair:
-            raise ConfigError(f"expected {what} as key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
+    return _parse_options(list(pairs or ()), what)
 
 
 def parse_tools(value: str | None) -> Any:
-    """``None`` (default tools), ``"none"`` -> ``[]``, a JSON object/list, a config file path, or
-    ``"a,b"`` (local tools by name)."""
-    if value is None:
-        return None
-    v = value.strip()
-    if v.lower() in ("none", "no", "[]", ""):
-        return []
-    if v[0] in "{[":
-        try:
-            return json.loads(v)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"expected --tools to be valid JSON, got {v!r}: {e.msg}") from None
-    if Path(v).exists():
-        return str(Path(v).resolve())
-    return [t.strip() for t in v.split(",") if t.strip()]
+    """``None`` (default tools), or any spelling of :func:`tool_backends.config.load_tool_config`
+    (``"a,b=engine,c=http://..."``, JSON, a file, ``none``), resolved now so a typo fails early."""
+    from tool_backends.config import load_tool_config
+
+    return None if value is None else load_tool_config(value)
 
 
 def build_agent(name: str, **options: Any):
@@ -75,6 +60,9 @@ def build_agent(name: str, **options: Any):
             factory = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise ConfigError(f"cannot load agent {name!r}: {e}") from None
+        from medvqa_env.config import check_options
+
+        check_options(factory, options, f"agent {name!r}")
         return factory(**options)
     try:
         from agents.registry import build_agent as registry_build
@@ -84,84 +72,115 @@ def build_agent(name: str, **options: Any):
     return registry_build(name, **options)
 
 
-def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="medvqa-eval", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--agent", required=True, help="agent name (agents.registry), 'scripted' or module:Class")
-    p.add_argument("--agent-opt", action="append", default=[], metavar="K=V", help="agent option (repeatable)")
-    p.add_argument("--dataset", required=True, help="dataset name (vqa_rad, slake, ...) or a .jsonl manifest")
-    p.add_argument("--dataset-opt", action="append", default=[], metavar="K=V", help="loader option, e.g. root=...")
-    p.add_argument("--split", default="test")
-    p.add_argument("--out", required=True, help="run folder (episodes.jsonl, summary.json, reports)")
-    p.add_argument("--k", type=int, default=1, help="samples per question (pass@K)")
-    p.add_argument("--limit", type=int, default=None, help="first N questions only")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="env worker processes (0 = in-process)")
-    p.add_argument("--batch-size", type=int, default=32, help="live episodes at once")
-    p.add_argument("--gather", default="all", choices=["all", "any"],
-                   help="call the agent when all env workers answered (batched models) or any (API clients)")
-    p.add_argument("--tools", default=None, help="tool config: file, JSON, 'a,b' or 'none' (default: built-in)")
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--answer-protocol", default="boxed", choices=["boxed", "xml"])
-    p.add_argument("--observation-style", default="observation_tag", choices=["observation_tag", "tool_role"])
-    p.add_argument("--reward", default="rule", help="env reward recorded per episode: rule, default or a registry name")
-    p.add_argument("--no-open-metrics", action="store_true", help="skip BLEU-1/ROUGE-1/BERTScore/CosSim")
-    p.add_argument("--metrics-opt", action="append", default=[], metavar="K=V",
-                   help="ARMedConfig field for the open metrics, e.g. bertscore_model=/models/pubmedbert")
-    p.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL of an LLM judge (optional)")
-    p.add_argument("--judge-model", default="gpt-5")
-    p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY", help="env var holding the judge's API key")
-    p.add_argument("--judge-timeout", type=float, default=60.0)
-    p.add_argument("--judge-retries", type=int, default=2)
-    p.add_argument("--judge-max-tokens", type=int, default=200)
-    p.add_argument("--judge-workers", type=int, default=8)
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for CIs (0 = none)")
-    p.add_argument("--retry-errors", action="store_true", help="rerun episodes that recorded an error")
-    p.add_argument("--overwrite", action="store_true", help="discard earlier results in --out")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-fsync", action="store_true", help="do not fsync each row (faster, less safe)")
+@dataclass
+class RunArgs:
+    """What to evaluate and where (the rest of the flags are :class:`eval.runner.EvalConfig`'s)."""
+
+    agent: str
+    """agent name (agents.registry: prior, vlm, text-llm, openai, ...), ``scripted`` or ``module:Class``"""
+    dataset: str
+    """dataset name (vqa_rad, slake, ...) or a .jsonl manifest"""
+    out: str
+    """run folder (episodes.jsonl, run.json, summary.json, reports)"""
+    agent_opt: list[str] = field(default_factory=list)
+    """agent option ``key=value`` (repeatable), e.g. ``model=runs/grpo/checkpoints/step_000010``, ``dtype=bfloat16``"""
+    dataset_opt: list[str] = field(default_factory=list)
+    """loader option ``key=value`` (repeatable), e.g. ``root=/data/vqa_rad``"""
+    split: str = "test"
+    """split to evaluate"""
+    tool_opt: list[str] = field(default_factory=list)
+    """tool option ``tool.key=value`` (repeatable), e.g. ``segment.model=/models/medsam``"""
+    judge_url: str | None = None
+    """OpenAI-compatible base URL of an LLM judge (optional)"""
+    judge_model: str = "gpt-5"
+    """the judge's model name"""
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    """environment variable holding the judge's API key"""
+    judge_timeout: float = 60.0
+    """seconds per judge request"""
+    judge_retries: int = 2
+    """retries per judge request"""
+    judge_max_tokens: int = 200
+    """tokens the judge may write"""
+    overwrite: bool = False
+    """discard earlier results in --out"""
+
+
+def make_parser():
+    """The parser: :class:`RunArgs` plus every :class:`EvalConfig` field as a flag (derived, so a
+    field added there is a flag here)."""
+    import simple_parsing as sp
+
+    from eval.runner import EvalConfig
+    from medvqa_env.cli import add_dataclass, field_help, make_parser as project_parser
+
+    p = project_parser(PROG, __doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
+    add_dataclass(p, RunArgs, "run")
+    add_dataclass(p, EvalConfig, "config", overrides={
+        "metrics_options": (list[str], sp.field(default_factory=list, action="append", metavar="K=V",
+                                                alias=["--metrics-opt"],
+                                                help=field_help(EvalConfig, "metrics_options") + " (repeatable)")),
+    })
     return p
 
 
+def parse(argv: Sequence[str] | None = None):
+    """``(RunArgs, EvalConfig)`` from the command line."""
+    from eval.runner import EvalConfig
+    from medvqa_env.cli import to_instance
+
+    ns = make_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    run = to_instance(RunArgs, ns.run)
+    config = to_instance(EvalConfig, ns.config)
+    config.metrics_options = parse_options(_flatten(config.metrics_options), "--metrics-opt")
+    return run, config
+
+
+def _flatten(items: Any) -> list[str]:
+    return [x for item in items or () for x in (item if isinstance(item, list) else [item])]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from medvqa_env.cli import run_cli
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = make_parser().parse_args(argv)
+    run, config = parse(argv)
+    return run_cli(PROG, lambda: _evaluate(run, config))
+
+
+def _evaluate(run: RunArgs, config) -> int:
     from eval.report import to_markdown
-    from eval.runner import EvalConfig, evaluate
+    from eval.runner import evaluate
     from medvqa_env.datasets import load_dataset
+    from tool_backends.config import with_tool_options
 
     agent = judge = None
     try:
-        dataset = load_dataset(args.dataset, split=args.split, **parse_options(args.dataset_opt, "--dataset-opt"))
-        agent = build_agent(args.agent, **parse_options(args.agent_opt, "--agent-opt"))
-        if args.judge_url:
+        if config.tools is not None or run.tool_opt:
+            config.tools = with_tool_options(parse_tools(config.tools), run.tool_opt)
+        dataset = load_dataset(run.dataset, split=run.split, **parse_options(run.dataset_opt, "--dataset-opt"))
+        agent = build_agent(run.agent, **parse_options(run.agent_opt, "--agent-opt"))
+        if run.judge_url:
             from eval.judge import build_judge
 
-            judge = build_judge(args.judge_url, model=args.judge_model, timeout_s=args.judge_timeout,
-                                api_key_env=args.judge_api_key_env or None, max_retries=args.judge_retries,
-                                max_tokens=args.judge_max_tokens)
-        config = EvalConfig(
-            k=args.k, seed=args.seed, limit=args.limit, workers=args.workers, batch_size=args.batch_size,
-            gather=args.gather,
-            tools=parse_tools(args.tools), max_turns=args.max_turns, answer_protocol=args.answer_protocol,
-            observation_style=args.observation_style, reward=args.reward, open_metrics=not args.no_open_metrics,
-            metrics_options=parse_options(args.metrics_opt, "--metrics-opt"),
-            retry_errors=args.retry_errors, progress=not args.no_progress, bootstrap=args.bootstrap,
-            judge_workers=args.judge_workers, fsync=not args.no_fsync)
-        summary = evaluate(agent, dataset, config, out_dir=args.out, judge=judge, split=args.split,
-                           overwrite=args.overwrite)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"medvqa-eval: error: {e}", file=sys.stderr)
-        return 2
+            judge = build_judge(run.judge_url, model=run.judge_model, timeout_s=run.judge_timeout,
+                                api_key_env=run.judge_api_key_env or None, max_retries=run.judge_retries,
+                                max_tokens=run.judge_max_tokens)
+        summary = evaluate(agent, dataset, config, out_dir=run.out, judge=judge, split=run.split,
+                           overwrite=run.overwrite)
+    except ValueError as e:  # a bad value the libraries report as ValueError: still a user error
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
     finally:
         if agent is not None:
             agent.close()
         if judge is not None:
             judge.close()
     print(to_markdown(summary).split("## By dataset")[0].rstrip())
-    print(f"\nWrote {Path(args.out) / 'report.md'}, report.html, summary.json, episodes.jsonl")
+    print(f"\nWrote {Path(run.out) / 'report.md'}, report.html, summary.json, episodes.jsonl")
     return 0
 
 

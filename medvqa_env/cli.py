@@ -57,8 +57,8 @@ def field_help(cls: type, name: str) -> str:
         except (OSError, TypeError):  # no source (a generated class)
             continue
         text = doc.docstring_below or doc.comment_inline or doc.comment_above
-        if text:
-            return " ".join(text.split())
+        if text:  # argparse %-formats help strings
+            return " ".join(text.split()).replace("%", "%%")
     return ""
 
 
@@ -138,9 +138,15 @@ def make_parser(prog: str, description: str | None = None, epilog: str | None = 
     """The project's parser: simple-parsing's, both dash spellings, defaults in ``--help``."""
     import simple_parsing as sp
 
-    return sp.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                             add_option_string_dash_variants=sp.DashVariant.UNDERSCORE_AND_DASH,
-                             add_config_path_arg=False, formatter_class=_HelpFormatter)
+    class Parser(sp.ArgumentParser):
+        def _preprocessing(self, *args: Any, **kwargs: Any) -> None:
+            super()._preprocessing(*args, **kwargs)
+            for action in self._actions:  # show --save-every before --save_every, always
+                action.option_strings.sort(key=lambda o: (len(o), "_" in o))
+
+    return Parser(prog=prog, description=description, epilog=epilog,
+                  add_option_string_dash_variants=sp.DashVariant.UNDERSCORE_AND_DASH,
+                  add_config_path_arg=False, formatter_class=_HelpFormatter)
 
 
 def _make_formatter():

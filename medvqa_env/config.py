@@ -109,18 +109,27 @@ def parse_spec(spec: Any, what: str = "spec") -> tuple[str, dict[str, Any]]:
 
 
 def accepted_options(factory: Callable[..., Any]) -> list[str] | None:
-    """Keyword names ``factory`` takes, or ``None`` when it takes ``**kwargs`` (cannot tell)."""
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return None
-    names = []
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
+    """Keyword names ``factory`` takes, or ``None`` when it takes ``**kwargs`` it does not pass on
+    to a base class (cannot tell). A class whose ``__init__`` forwards ``**options`` to its base
+    takes the base's names too."""
+    chain = [c.__init__ for c in factory.__mro__ if "__init__" in vars(c)] if inspect.isclass(factory) else [factory]
+    names: list[str] = []
+    for fn in chain:
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
             return None
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
-            names.append(p.name)
-    return names
+        var_kw = False
+        for p in sig.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                var_kw = True
+            elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self" and p.name not in names:
+                names.append(p.name)
+        if not var_kw:
+            return names
+        if fn is object.__init__:
+            return None
+    return None
 
 
 def check_options(factory: Callable[..., Any], options: Mapping[str, Any], what: str) -> None:

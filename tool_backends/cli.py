@@ -3,6 +3,7 @@
 Examples::
 
     medvqa-tools list
+    medvqa-tools serve                                   # every tool, default engines, on :7660
     medvqa-tools serve --tools segment,ground --port 7660 --engine segment=classical,ground=oracle
     medvqa-tools serve --tools segment --engine sam --option segment.model=/models/medsam
     medvqa-tools router --port 5800 --upstream segment=http://127.0.0.1:7660,ground=http://127.0.0.1:7688
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from medvqa_env.errors import ConfigError
@@ -76,81 +78,137 @@ def _settings(args) -> "Any":
                           image_store_mb=args.image_store_mb, done_if_invalid=args.done_if_invalid)
 
 
-def _common(p: argparse.ArgumentParser, port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="bind address (non-loopback needs --token-env)")
-    p.add_argument("--port", type=int, default=port)
-    p.add_argument("--token-env", default=None, help="environment variable holding the bearer token")
-    p.add_argument("--max-concurrency", type=int, default=4, help="tool runs at once")
-    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a run slot; more get 503")
-    p.add_argument("--max-body-mb", type=int, default=64)
-    p.add_argument("--image-root", action="append", default=[],
-                   help="directory the server may read client-named files from (repeatable)")
-    p.add_argument("--cache-size", type=int, default=1024)
-    p.add_argument("--done-if-invalid", action="store_true",
-                   help="verl-tool: a turn without a tool call ends the trajectory")
-    p.add_argument("--image-store-mb", type=int, default=512,
-                   help="decoded images kept so clients can refer to them by digest (0 disables)")
-    p.add_argument("--result-dir", default=None,
-                   help="directory for result images sent by path to co-located clients (image_format=path)")
-    p.add_argument("--max-pixels", type=int, default=64_000_000,
-                   help="largest image (width x height) a request may carry; bigger ones get 400")
-    p.add_argument("--log-level", default="warning")
+@dataclass
+class ServerArgs:
+    """What every server (a tool server, the router) takes."""
+
+    host: str = "127.0.0.1"
+    """bind address (non-loopback needs --token-env)"""
+    port: int = 7660
+    """port to listen on"""
+    token_env: str | None = None
+    """environment variable holding the bearer token"""
+    max_concurrency: int = 4
+    """tool runs at once"""
+    max_queue: int = 64
+    """requests waiting for a run slot; more get 503"""
+    max_body_mb: int = 64
+    """largest request body"""
+    image_root: list[str] = field(default_factory=list, metadata={"cli": {"action": "append", "nargs": None}})
+    """directory the server may read client-named files from (repeatable)"""
+    cache_size: int = 1024
+    """tool results kept in memory"""
+    done_if_invalid: bool = False
+    """verl-tool: a turn without a tool call ends the trajectory"""
+    image_store_mb: int = 512
+    """decoded images kept so clients can refer to them by digest (0 disables)"""
+    result_dir: str | None = None
+    """directory for result images sent by path to co-located clients (image_format=path)"""
+    max_pixels: int = 64_000_000
+    """largest image (width x height) a request may carry; bigger ones get 400"""
+    log_level: str = "warning"
+    """uvicorn's log level"""
+
+
+@dataclass
+class ServeArgs(ServerArgs):
+    """Serve tools over HTTP."""
+
+    tools: str | None = None
+    """comma-separated tool names; none given: every tool"""
+    engine: str | None = None
+    """engine for every tool that has it, or tool=engine,..."""
+    option: list[str] = field(default_factory=list, metadata={"cli": {"action": "append", "nargs": None}})
+    """tool.key=value (JSON values parsed; repeatable)"""
+
+
+@dataclass
+class RouterArgs(ServerArgs):
+    """Route tool calls by name to several servers."""
+
+    upstream: str = ""
+    """tool=http://host:port,... (required)"""
+    port: int = 5800
+    """port to listen on"""
+    timeout_s: float = 30.0
+    """seconds per upstream request"""
+    upstream_token_env: str | None = None
+    """environment variable holding the token the router sends upstream"""
+    wait_s: float = 60.0
+    """how long to wait for upstreams at start"""
+
+
+@dataclass
+class ListArgs:
+    """List tools and engines (or a running server's tools with --url)."""
+
+    url: str | None = None
+    """a running tool server"""
+
+
+COMMANDS = {"serve": ServeArgs, "router": RouterArgs, "list": ListArgs}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medvqa-tools", description=__doc__.split("\n\n")[0])
+    from medvqa_env.cli import add_dataclass, make_parser
+
+    parser = make_parser("medvqa-tools", __doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve tools over HTTP")
-    s.add_argument("--tools", required=True, help="comma-separated tool names")
-    s.add_argument("--engine", default=None, help="engine for every tool that has it, or tool=engine,...")
-    s.add_argument("--option", action="append", default=[], help="tool.key=value (JSON values parsed)")
-    _common(s, 7660)
-    r = sub.add_parser("router", help="route tool calls by name to several servers")
-    r.add_argument("--upstream", required=True, help="tool=http://host:port,...")
-    r.add_argument("--timeout-s", type=float, default=30.0)
-    r.add_argument("--upstream-token-env", default=None)
-    r.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for upstreams at start")
-    _common(r, 5800)
-    ls = sub.add_parser("list", help="list tools and engines (or a server's tools with --url)")
-    ls.add_argument("--url", default=None)
+    for name, cls in COMMANDS.items():
+        p = sub.add_parser(name, help=cls.__doc__.splitlines()[0], description=cls.__doc__,
+                           formatter_class=parser.formatter_class,
+                           add_option_string_dash_variants=parser.add_option_string_dash_variants,
+                           add_config_path_arg=False)
+        add_dataclass(p, cls, "args")
     return parser
 
 
+def parse(argv: Sequence[str] | None = None):
+    """The command's name and its arguments (a :data:`COMMANDS` dataclass)."""
+    from medvqa_env.cli import to_instance
+
+    ns = build_parser().parse_args(argv)
+    return ns.command, to_instance(COMMANDS[ns.command], ns.args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from medvqa_env.cli import run_cli
+
+    command, args = parse(argv)
     logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "warning")).upper(), logging.WARNING))
-    try:
-        if args.command == "list":
-            return _list(args)
-        if args.command == "serve":
-            from tool_backends.registry import build_tool
-            from tool_backends.server import create_app, serve
-            from tool_backends.toolbox import LocalBackend
+    return run_cli("medvqa-tools", lambda: _run(command, args))
 
-            names = [t.strip() for t in args.tools.split(",") if t.strip()]
-            options = tool_options(names, args.engine, args.option)
-            backend = LocalBackend([build_tool(n, **options[n]) for n in names])
-            app = create_app({n: backend for n in names}, _settings(args))
-            print(f"medvqa-tools: serving {names} on http://{args.host}:{args.port}", flush=True)
-            serve(app, args.host, args.port, args.log_level)
-            return 0
-        if args.command == "router":
-            from tool_backends.router import create_router_app, parse_upstreams
-            from tool_backends.server import serve
 
-            from tool_backends.server import check_settings
+def _run(command: str, args) -> int:
+    """Run the chosen command; its exit code."""
+    if command == "list":
+        return _list(args)
+    if command == "serve":
+        from tool_backends.registry import available_tools, build_tool
+        from tool_backends.server import create_app, serve
+        from tool_backends.toolbox import LocalBackend
 
-            upstreams = parse_upstreams(args.upstream)
-            settings = _settings(args)
-            check_settings(settings)  # refuse an open bind before waiting on any upstream
-            app = create_router_app(upstreams, settings, timeout_s=args.timeout_s,
-                                    token_env=args.upstream_token_env, wait_s=args.wait_s)
-            print(f"medvqa-tools: routing {sorted(upstreams)} on http://{args.host}:{args.port}", flush=True)
-            serve(app, args.host, args.port, args.log_level)
-            return 0
-    except ConfigError as e:
-        print(f"medvqa-tools: error: {e}", file=sys.stderr)
-        return 2
+        names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else available_tools()
+        options = tool_options(names, args.engine, args.option)
+        backend = LocalBackend([build_tool(n, **options[n]) for n in names])
+        app = create_app({n: backend for n in names}, _settings(args))
+        print(f"medvqa-tools: serving {names} on http://{args.host}:{args.port}", flush=True)
+        serve(app, args.host, args.port, args.log_level)
+        return 0
+    if command == "router":
+        if not args.upstream:
+            raise ConfigError("expected --upstream tool=http://host:port,...")
+        from tool_backends.router import create_router_app, parse_upstreams
+        from tool_backends.server import check_settings, serve
+
+        upstreams = parse_upstreams(args.upstream)
+        settings = _settings(args)
+        check_settings(settings)  # refuse an open bind before waiting on any upstream
+        app = create_router_app(upstreams, settings, timeout_s=args.timeout_s,
+                                token_env=args.upstream_token_env, wait_s=args.wait_s)
+        print(f"medvqa-tools: routing {sorted(upstreams)} on http://{args.host}:{args.port}", flush=True)
+        serve(app, args.host, args.port, args.log_level)
+        return 0
     return 1
 
 

@@ -3,7 +3,8 @@
 It is a tool server whose backends are :class:`HTTPToolBackend` clients, one per upstream.
 ``/call`` bodies are forwarded unchanged to the server that owns the tool (no image re-encoding);
 ``/get_observation`` parses each turn and dispatches every call by tool name; ``/tools`` lists the
-union of the upstreams' tools.
+union of the upstreams' tools; ``/health`` asks every upstream and says ``degraded`` (503) when one
+is down.
 """
 
 from __future__ import annotations
@@ -68,4 +69,50 @@ def create_router_app(upstreams: Mapping[str, str], settings: ServerSettings | N
                                  transport="raw", result_format="png")
         client.specs()  # fail now, with the URL in the message, if an upstream is missing a tool
         backends.update({t: client for t in tools})
-    return create_app(backends, settings, proxy=backends)
+    app = create_app(backends, settings, proxy=backends)
+    _replace_health(app, by_url, token_env)
+    return app
+
+
+def upstream_health(by_url: Mapping[str, list[str]], timeout_s: float = 2.0,
+                    token_env: str | None = None) -> dict[str, Any]:
+    """Ask every upstream's ``/health`` (concurrently); ``status`` is ``ok`` only when all answer ok."""
+    import concurrent.futures
+    import os
+
+    import httpx
+
+    headers = {}
+    token = os.environ.get(token_env) if token_env else None
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+
+    def probe(url: str) -> dict[str, Any]:
+        try:
+            r = httpx.get(url.rstrip("/") + "/health", timeout=timeout_s, headers=headers)
+            ok = r.status_code == 200 and r.json().get("status") == "ok"
+            return {"url": url, "tools": by_url[url], "status": "ok" if ok else f"unhealthy (HTTP {r.status_code})"}
+        except (httpx.HTTPError, ValueError) as e:
+            return {"url": url, "tools": by_url[url], "status": f"unreachable ({type(e).__name__})"}
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(by_url))) as pool:
+        upstreams = list(pool.map(probe, by_url))
+    down = [u for u in upstreams if u["status"] != "ok"]
+    return {"status": "ok" if not down else "degraded", "upstreams": upstreams,
+            "unavailable_tools": sorted(t for u in down for t in u["tools"])}
+
+
+def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None) -> None:
+    """The router's ``/health`` reports its upstreams: 200 ``ok`` when every one answers, else 503
+    ``degraded`` naming the dead ones (a load balancer then stops sending it work)."""
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+    service = app.state.service
+
+    @app.get("/health")
+    async def health():
+        report = await run_in_threadpool(upstream_health, by_url, 2.0, token_env)
+        body = {**report, "tools": sorted(service.backends), "calls": service.calls}
+        return JSONResponse(body, status_code=200 if report["status"] == "ok" else 503)

@@ -5,17 +5,17 @@ fixed vocabulary; it reads the image and a hashed bag of the question's words. I
 train split and reports accuracy on held-out questions before and after training.
 
     python -m train.ppo_sb3                      # embedded default dataset, ~3 CPU minutes
-    python -m train.ppo_sb3 --dataset vqa_rad --dataset-root ../shared/data/vqa_rad
+    python -m train.ppo_sb3 --dataset vqa_rad --dataset-opt root=../shared/data/vqa_rad
 
 Reads top to bottom: config -> env factory -> evaluation -> train.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,10 +26,12 @@ import numpy as np
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class Args:
+    """PPO (Stable-Baselines3) on MedVQAEnv: a non-LLM baseline on the same env and reward."""
+
     dataset: str = "embedded"
     """dataset name for medvqa_env.datasets.load_dataset ("embedded" is MedVQAEnv()'s default)"""
-    dataset_root: str | None = None
-    """``root=`` for loaders that need one (e.g. vqa_rad)"""
+    dataset_opt: list[str] = field(default_factory=list)
+    """loader option ``key=value`` (repeatable), e.g. ``root=../shared/data/vqa_rad``"""
     train_split: str = "train"
     """split PPO trains on (and the answer vocabulary is learned from)"""
     eval_split: str = "test"
@@ -53,7 +55,7 @@ class Args:
     gamma: float = 0.99
     """discount (episodes are 1-4 steps long)"""
     reward: str = "rule"
-    """"rule": ±1 by answer type (fast); "default": the env's default reward (ARMed for OPEN)"""
+    """the env's reward, any registry spec: ``rule`` (±1 by answer type, fast), ``default`` (ARMed for OPEN), ``armed:...``"""
     max_turns: int = 2
     """tool turns allowed per episode"""
     image_size: int = 64
@@ -62,6 +64,8 @@ class Args:
     """open answers in the action vocabulary (most common in the train split)"""
     seed: int = 0
     """seed for PPO and the envs"""
+    device: str = "cpu"
+    """torch device for the policy: ``cpu`` (fastest for this tiny CNN), ``auto``, ``cuda``"""
     torch_threads: int = 1
     """torch CPU threads (1 is fastest for this tiny policy on a shared machine)"""
     out: str | None = None
@@ -74,22 +78,18 @@ class Args:
 def load_split(args: Args, split: str):
     from medvqa_env.datasets import load_dataset
 
-    options = {"root": args.dataset_root} if args.dataset_root else {}
-    return load_dataset(args.dataset, split=split, **options)
+    from medvqa_env.config import parse_options
+
+    return load_dataset(args.dataset, split=split, **parse_options(args.dataset_opt, "--dataset-opt"))
 
 
 def make_env(args: Args, dataset, answers: list[str]):
     from agents.sb3_wrapper import DiscreteMedVQA
     from medvqa_env.env import MedVQAEnv
 
-    reward = None
-    if args.reward == "rule":
-        from rewards import RuleReward
+    from rewards import build_reward
 
-        reward = RuleReward()
-    elif args.reward != "default":
-        raise ValueError(f"expected reward 'rule' or 'default', got {args.reward!r}")
-    env = MedVQAEnv(dataset=dataset, reward=reward, max_turns=args.max_turns)
+    env = MedVQAEnv(dataset=dataset, reward=build_reward(args.reward), max_turns=args.max_turns)
     return DiscreteMedVQA(env, answers=answers, image_size=args.image_size)
 
 
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from agents.baselines import AnswerPriorAgent
+    from agents.models import resolve_device
     from agents.sb3_wrapper import answer_vocabulary
 
     torch.set_num_threads(args.torch_threads)
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     model = PPO("MultiInputPolicy", vec_env, n_steps=args.n_steps, batch_size=args.batch_size,
                 n_epochs=args.n_epochs, learning_rate=args.learning_rate, ent_coef=args.ent_coef,
-                gamma=args.gamma, seed=args.seed, verbose=0, device="cpu")
+                gamma=args.gamma, seed=args.seed, verbose=0, device=resolve_device(args.device))
     before = evaluate(sb3_policy(model), eval_env, args.eval_episodes)
 
     start = time.perf_counter()
@@ -198,13 +199,12 @@ def _types(figures: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
-        parser.add_argument(flag, type=kind, default=f.default)
-    return Args(**vars(parser.parse_args(argv)))
+    from medvqa_env.cli import parse_dataclass
+
+    return parse_dataclass(Args, argv, prog="python -m train.ppo_sb3")
 
 
 if __name__ == "__main__":
-    main()
+    from medvqa_env.cli import run_cli
+
+    sys.exit(run_cli("python -m train.ppo_sb3", main))

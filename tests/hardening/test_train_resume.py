@@ -72,7 +72,9 @@ def test_a_killed_training_run_resumes_to_the_same_weights_and_metrics(tmp_path)
     assert "resumed from" in rerun.stdout + rerun.stderr
 
     assert metrics_by_step(killed) == metrics_by_step(whole)
+    from safetensors.torch import load_file
+
     final = f"step_{STEPS:06d}"
-    a = torch.load(whole / "checkpoints" / final / "trainable.pt")
-    b = torch.load(killed / "checkpoints" / final / "trainable.pt")
+    a = load_file(whole / "checkpoints" / final / "model.safetensors")
+    b = load_file(killed / "checkpoints" / final / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

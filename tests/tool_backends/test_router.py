@@ -52,7 +52,13 @@ def test_router_get_observation_dispatches_each_call(stack, scene):
 
 def test_a_dead_upstream_fails_only_its_tools(stack, scene):
     routed = Toolbox.from_config({"segment": stack["router"].url, "ground": stack["router"].url}, cache=False)
+    healthy = httpx.get(stack["router"].url + "/health", timeout=10)
+    assert healthy.status_code == 200 and healthy.json()["status"] == "ok"
     stack["ground"].stop()
+    # the router's /health reflects its upstreams: degraded (503) and which tools are gone
+    health = httpx.get(stack["router"].url + "/health", timeout=10)
+    assert health.status_code == 503 and health.json()["status"] == "degraded"
+    assert health.json()["unavailable_tools"] == ["ground", "image_zoom_in"]
     dead = routed.call(CALLS[1], [scene.image], ToolContext()).result
     assert not dead.ok and "ground" in dead.error and "502" in dead.error
     assert routed.call(CALLS[0], [scene.image], ToolContext()).result.ok
@@ -62,3 +68,11 @@ def test_a_dead_upstream_fails_only_its_tools(stack, scene):
 def test_parse_upstreams_rejects_garbage():
     with pytest.raises(ConfigError, match="tool=http"):
         parse_upstreams("segment:7660")
+
+
+def test_serve_without_tools_serves_every_tool(start_server):
+    from tool_backends.registry import available_tools
+
+    server = start_server(["serve", "--engine", "classify=oracle"])
+    served = httpx.get(server.url + "/tools", timeout=10).json()["tools"]
+    assert sorted(t["function"]["name"] for t in served) == available_tools()

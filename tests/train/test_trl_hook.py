@@ -1,0 +1,87 @@
+"""TRL's own GRPOTrainer trains against the env through train/trl_hook.py (a real trainer step on a
+tiny random causal LM), and the tool-environment adapter exposes the env's tools as TRL reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("trl", reason="the 'trl' extra (pip install 'medvqa-gym[trl]') is not installed")
+
+from train.trl_hook import EnvReward, completion_text, environment_class, prompt_dataset  # noqa: E402
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+ENV = {"dataset": "embedded", "split": "train", "tools": [], "reward": "rule", "max_turns": 0}
+
+
+def tiny_causal_lm():
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agents.models import tiny_bpe_tokenizer
+
+    tok = tiny_bpe_tokenizer()
+    tok.chat_template = CHATML
+    tok.padding_side = "left"
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id)
+    return Qwen2ForCausalLM(config), tok
+
+
+def test_env_reward_scores_completions_with_the_env_reward():
+    data = prompt_dataset(ENV, indices=range(8), answer_types="CLOSED")
+    reward = EnvReward(ENV)
+    gold = [r.answer for r in reward.env.dataset][:8]
+    rows = list(zip(data["record_index"], data["prompt"]))
+    right = [f"\\boxed{{{gold[i]}}}" for i, _ in rows]
+    wrong = [[{"role": "assistant", "content": "\\boxed{maybe}"}] for _ in rows]  # conversational form
+    assert reward([p for _, p in rows], right, record_index=[i for i, _ in rows]) == [1.0] * len(rows)
+    assert reward([p for _, p in rows], wrong, record_index=[i for i, _ in rows]) == [-1.0] * len(rows)
+    assert completion_text(wrong[0]) == "\\boxed{maybe}"
+    assert data[0]["prompt"][0]["role"] == "system" and "\\boxed" in data[0]["prompt"][0]["content"]
+
+
+def test_trl_grpo_trainer_trains_against_the_env(tmp_path):
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tok = tiny_causal_lm()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = prompt_dataset(ENV, indices=range(12), answer_types="CLOSED")
+    calls = []
+
+    class Counting(EnvReward):
+        def __call__(self, prompts, completions, **columns):
+            out = super().__call__(prompts, completions, **columns)
+            calls.append(out)
+            return out
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=6, max_steps=1, learning_rate=1e-2, logging_steps=1,
+                      save_strategy="no", report_to=[], use_cpu=True, seed=0, temperature=1.0,
+                      dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=Counting(ENV), train_dataset=data, args=args)
+    trainer.train()
+    # the env scored every completion of the step, and TRL's advantages/loss used those scores
+    assert len(calls) == 1 and len(calls[0]) == 4 and all(r in (-1.0, 1.0) for r in calls[0])
+    logged = trainer.state.log_history[0]
+    assert float(logged["rewards/medvqa_rule/mean"]) == pytest.approx(sum(calls[0]) / 4)
+    assert trainer.state.global_step == 1 and "loss" in logged
+    # (an untrained model never answers, so its group rewards tie and the step's gradient is zero --
+    # the native trainer warns about exactly this; the weights moving is tested there)
+    assert all(torch.isfinite(p).all() for p in model.parameters()) and before
+
+
+def test_tool_environment_exposes_the_env_tools_as_trl_reads_them():
+    from transformers.utils import get_json_schema
+
+    cls = environment_class({**ENV, "tools": "image_zoom_in,ground=oracle", "max_turns": 2})
+    env = cls()
+    zoom = get_json_schema(env.image_zoom_in)["function"]
+    assert zoom["parameters"]["properties"]["bbox"]["type"] == "array"
+    assert zoom["parameters"]["required"] == ["bbox"]
+    assert get_json_schema(env.ground)["function"]["parameters"]["properties"]["text"]["type"] == "string"
+    env.reset(record_index=1)
+    assert env.ground(text="lesion").lstrip().startswith("<observation>")

@@ -1,0 +1,166 @@
+"""MedVQA-Gym as a task for TRL's ``GRPOTrainer`` (``pip install 'medvqa-gym[trl]'``).
+
+Three adapters, each small, so TRL's own trainer can train against the env:
+
+* :func:`prompt_dataset` -- the env's prompts as a TRL dataset: a conversational ``prompt`` (the
+  env's system prompt with its tools' schemas and answer protocol, then the question) and a
+  ``record_index`` column the reward uses to find the record;
+* :class:`EnvReward` -- a reward function with TRL's signature
+  (``(prompts, completions, **columns) -> list[float | None]``): each completion is played as the
+  final turn of the record's episode and scored by the env's reward (rule, ARMed, ...). TRL calls a
+  reward function once per generation batch, which is where ARMed's thresholds move
+  (``end_batch``), as in the native trainer;
+* :func:`environment_class` -- a class for ``GRPOTrainer(environment_factory=...)``: one method per
+  env tool (typed arguments and a Google-style docstring, which is how TRL exposes methods as
+  tools), ``reset(record_index=...)`` per rollout. Multi-turn tool use through it needs a policy
+  whose chat template renders tools and a response parser TRL knows (Qwen, Llama 3.1); the tiny
+  test models have neither, so its tests check the schemas TRL will read, not a tool-calling run.
+
+Example (CPU, a tiny model; see ``tests/train/test_trl_hook.py``)::
+
+    from trl import GRPOConfig, GRPOTrainer
+    env = {"dataset": "embedded", "split": "train", "tools": [], "reward": "rule"}
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=EnvReward(env),
+                          train_dataset=prompt_dataset(env, answer_types="CLOSED"), args=GRPOConfig(...))
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping, Sequence
+
+from medvqa_env.errors import ConfigError
+
+JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+def _env(env_kwargs: Mapping[str, Any]):
+    from medvqa_env.env import MedVQAEnv
+
+    return MedVQAEnv(**dict(env_kwargs))
+
+
+def prompt_dataset(env_kwargs: Mapping[str, Any], indices: Sequence[int] | None = None, answer_types: str = ""):
+    """A ``datasets.Dataset`` of the env's prompts: ``prompt`` (system + user messages, as the env
+    shows them; images appear as ``[image i]``), ``record_index``, ``answer_type``."""
+    from datasets import Dataset
+
+    env = _env(env_kwargs)
+    wanted = {t.strip().upper() for t in answer_types.split(",") if t.strip()}
+    rows = []
+    for i in range(len(env.dataset)) if indices is None else indices:
+        obs, info = env.reset(seed=0, options={"index": int(i)})
+        if wanted and info["answer_type"] not in wanted:
+            continue
+        rows.append({"prompt": [{"role": "system", "content": info["system_prompt"]},
+                                {"role": "user", "content": _text(obs["text"])}],
+                     "record_index": int(i), "answer_type": info["answer_type"]})
+    env.close()
+    if not rows:
+        raise ConfigError(f"expected records of types {sorted(wanted)} in the env's dataset, got none")
+    return Dataset.from_list(rows)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") if p.get("type") != "image" else f"[image {p.get('image_index', 0)}]"
+                     for p in content)
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes a string (standard format) or a list of messages (conversational format)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion if m.get("role") == "assistant")
+    raise ConfigError(f"expected a completion string or message list, got {type(completion).__name__}")
+
+
+class EnvReward:
+    """TRL reward function: the env's reward for each completion as the answer to its record.
+
+    ``record_index`` comes from the dataset column of the same name (TRL passes every extra column
+    as a keyword). Returns ``None`` (TRL: abstain) for rows without one."""
+
+    def __init__(self, env_kwargs: Mapping[str, Any], seed: int = 0) -> None:
+        self.env = _env(env_kwargs)
+        self.seed = seed
+        self.__name__ = f"medvqa_{getattr(self.env.reward_fn, 'name', 'reward')}"  # TRL logs rewards/<name>
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], record_index: Sequence[int] | None = None,
+                 **columns: Any) -> list[float | None]:
+        if record_index is None:
+            raise ConfigError("expected a 'record_index' column in the train dataset (see prompt_dataset)")
+        out: list[float | None] = []
+        for completion, index in zip(completions, record_index):
+            if index is None:
+                out.append(None)
+                continue
+            self.env.reset(seed=self.seed, options={"index": int(index)})
+            _, reward, terminated, truncated, _ = self.env.step(completion_text(completion))
+            if not (terminated or truncated):  # a tool call where an answer was due: the no-answer reward
+                _, reward, _, _, _ = self.env.step("")
+            out.append(float(reward))
+        end_batch = getattr(self.env.reward_fn, "end_batch", None)
+        if callable(end_batch):
+            end_batch()
+        return out
+
+
+def environment_class(env_kwargs: Mapping[str, Any]) -> type:
+    """A class for ``GRPOTrainer(environment_factory=cls)``: ``reset(record_index)`` starts the
+    record's episode; each env tool is a method whose signature and docstring come from the tool's
+    JSON schema (what ``transformers.utils.get_json_schema`` -- TRL's reader -- expects)."""
+    probe = _env(env_kwargs)
+    schemas = probe.toolbox.openai_tools()
+    probe.close()
+    methods: dict[str, Any] = {"__init__": _env_init(env_kwargs), "reset": _env_reset}
+    for schema in schemas:
+        fn = schema["function"]
+        methods[fn["name"]] = _tool_method(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
+    return type("MedVQAToolEnvironment", (), methods)
+
+
+def _env_init(env_kwargs: Mapping[str, Any]):
+    def __init__(self) -> None:
+        self.env = _env(env_kwargs)
+    return __init__
+
+
+def _env_reset(self, record_index: int = 0, **columns: Any) -> None:
+    """Start the record's episode (TRL calls this before each rollout, with the dataset row)."""
+    self.env.reset(seed=0, options={"index": int(record_index)})
+
+
+def _tool_method(name: str, description: str, parameters: Mapping[str, Any]):
+    """A method ``name(self, **arguments) -> str`` that runs the env tool and returns its text."""
+    props = dict(parameters.get("properties", {}))
+    required = set(parameters.get("required", []))
+
+    def method(self, **arguments: Any) -> str:
+        import json
+
+        call = json.dumps({"name": name, "arguments": {k: v for k, v in arguments.items() if v is not None}})
+        obs, _, _, _, _ = self.env.step(f"<tool_call>{call}</tool_call>")
+        return _text(obs["text"])
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {"return": str}
+    arg_docs = []
+    for pname, spec in props.items():
+        kind = JSON_TYPES.get(spec.get("type", "string"), str)
+        if kind is list:  # get_json_schema reads list[float] as an array of numbers
+            kind = list[JSON_TYPES.get(dict(spec.get("items") or {}).get("type", "string"), str)]  # type: ignore[misc]
+        annotations[pname] = kind if pname in required else (kind | None)
+        default = inspect.Parameter.empty if pname in required else None
+        params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotations[pname]))
+        arg_docs.append(f"    {pname}: {' '.join(str(spec.get('description', pname)).split())}")
+    method.__name__ = method.__qualname__ = name
+    method.__signature__ = inspect.Signature(params, return_annotation=str)  # type: ignore[attr-defined]
+    method.__annotations__ = annotations
+    doc = " ".join(description.split()) or name
+    method.__doc__ = doc + ("\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else "") + "\n\nReturns:\n    The tool's observation."
+    return method

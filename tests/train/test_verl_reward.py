@@ -86,7 +86,7 @@ def test_overlong_penalty():
 
 def test_under_ray_armed_thresholds_are_shared_by_workers(monkeypatch):
     """In a Ray job (verl's workers) the shared reward keeps ARMed's thresholds in one named actor:
-    a second worker's reward sees what the first one's samples put in the buffers."""
+    a second worker's reward sees what the first one's samples queued for the next batch end."""
     ray = pytest.importorskip("ray")
     from rewards.adaptive_ray import RayThresholds
 
@@ -105,7 +105,7 @@ def test_under_ray_armed_thresholds_are_shared_by_workers(monkeypatch):
             reward_mod.score_turn(f"\\boxed{{{answer}}}", "left lung", {"answer_type": "OPEN"}, worker_a)
         worker_b = reward_mod.build_reward("ray")  # what another worker process builds
         state = worker_b.state_dict()["OPEN"]["thresholds"]
-        assert [len(state["buffers"][m]) for m in ("bertscore", "cosine")] == [len(answers)] * 2
+        assert [len(state["pending"][m]) for m in ("bertscore", "cosine")] == [len(answers)] * 2
         assert state == worker_a.state_dict()["OPEN"]["thresholds"]
     finally:
         RayThresholds(name="medvqa-armed-thresholds").close()

@@ -41,6 +41,7 @@ from verl.utils.profiler import simple_timer
 
 from train.verl_integration.config import AGENT_NAME, MEDVQA_DEFAULTS
 from train.verl_integration.reward import overlong_penalty, score_turn, shared_reward
+from train.verl_integration.reward_state import episode_log, reward_for_step
 
 logger = logging.getLogger(__name__)
 
@@ -86,15 +87,26 @@ def shared_dataset(env_kwargs: Mapping[str, Any]):
         return _DATASETS[key]
 
 
-def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | None = None):
-    """A fresh ``MedVQAEnv`` per episode, over the shared dataset and the shared reward
-    (``reward_options``: ``threshold_store``, ``armed`` -- see :func:`reward.build_reward`)."""
+def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | None = None, reward: Any = None):
+    """A fresh ``MedVQAEnv`` per episode, over the shared dataset and ``reward`` (default: the
+    process-wide reward of :func:`reward.shared_reward` for ``reward_options``: ``threshold_store``,
+    ``armed``)."""
     from medvqa_env.env import MedVQAEnv
 
     kwargs = {k: v for k, v in env_kwargs.items() if k not in ("dataset", "split", "dataset_options")}
     if kwargs.get("reward") is None:
-        kwargs["reward"] = shared_reward(**dict(reward_options or {}))
+        kwargs["reward"] = reward if reward is not None else shared_reward(**dict(reward_options or {}))
     return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
+
+
+def text_only(message: Mapping[str, Any]) -> dict[str, Any]:
+    """An env message without its images, for a text policy (it reads the question and the tools'
+    text; the tools still work on the images inside the env)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {"role": message["role"], "content": content}
+    return {"role": message["role"],
+            "content": "".join(p.get("text", "") for p in content if p.get("type") != "image")}
 
 
 def to_verl_message(message: Mapping[str, Any], images: list[Any]) -> dict[str, Any]:
@@ -131,57 +143,82 @@ class MedVQAAgentLoop(AgentLoopBase):
         self.overlong = dict(self.settings.get("overlong_buffer") or {})
         self.eos_id = self.tokenizer.eos_token_id
         self.max_assistant_turns = self.rollout_config.multi_turn.max_assistant_turns
+        call = self.settings.get("scripted_tool_call")
+        self.scripted_tool_turn = f"<tool_call>{json.dumps(dict(call))}</tool_call>" if call else None
+        self.sees_images = self.processor is not None
 
     # ------------------------------------------------------------------------------------------
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
+        """One episode. ``global_steps`` (verl's training step, in every row of the batch) and
+        ``medvqa_validate`` (set by :class:`~train.verl_integration.worker.MedVQAAgentLoopWorkerTQ`) pick the
+        reward: the first trajectory of step k ends batch k-1 of the shared ARMed state, so every
+        trajectory of step k meets the same thresholds; validation scores with a frozen copy."""
         loop = asyncio.get_running_loop()
         extra_info = dict(_plain(kwargs.get("extra_info")) or {})
-        env = await loop.run_in_executor(None, make_env, self.env_kwargs, self.settings.get("reward"))
+        reward = await loop.run_in_executor(None, reward_for_step, self.settings.get("reward") or {},
+                                            kwargs.get("global_steps"), bool(kwargs.get("medvqa_validate", False)))
+        env = await loop.run_in_executor(None, make_env, self.env_kwargs, self.settings.get("reward"), reward)
         try:
-            return await self._episode(env, loop, sampling_params, extra_info, kwargs)
+            output = await self._episode(env, loop, sampling_params, extra_info, kwargs, int(priority))
         finally:
             await loop.run_in_executor(None, env.close)
+        log_dir = self.settings.get("episode_log_dir")
+        if log_dir:
+            await loop.run_in_executor(None, episode_log, log_dir, output, kwargs)
+        return output
 
-    async def _episode(self, env, loop, sampling_params, extra_info, kwargs) -> AgentLoopOutput:
+    async def _episode(self, env, loop, sampling_params, extra_info, kwargs, priority) -> AgentLoopOutput:
         options = ({"record_id": str(extra_info["record_id"])} if extra_info.get("record_id")
                    else {"index": int(extra_info.get("index", kwargs.get("index", 0)))})
         await loop.run_in_executor(None, lambda: env.reset(options=options))
-        images = list(env.images)
-        messages = [to_verl_message(m, images) for m in env.messages]
+        images = list(env.images) if self.sees_images else []
+        messages = [to_verl_message(m, images) if self.sees_images else text_only(m) for m in env.messages]
         self._assert_mm_supported(bool(images))
         prompt_ids = await self.ct_build_initial_tokens(messages, images=images or None)
 
         metrics: dict[str, Any] = {}
         runtime_ids, mask, logprobs = list(prompt_ids), [], []
-        request_id = (f"det-{kwargs.get('priority', 0)}" if self.rollout_config.full_determinism else uuid4().hex)
+        request_id = f"det-{priority}" if self.rollout_config.full_determinism else uuid4().hex
         turn_scores: list[float] = []
         assistant_turns = user_turns = n_tool_calls = 0
         last_text, step_info, reward, end_reason, preempted = "", {}, None, None, 0
+        server_fields: dict[str, Any] = {}
 
         while True:
             budget = self.response_length - len(mask)
             if budget <= 0:
                 end_reason = "length"
                 break
-            params = {**sampling_params, "max_tokens": min(self.max_action_length, budget)}
-            if self.stop:
-                params.update(stop=self.stop, include_stop_str_in_output=True)
-            with simple_timer("generate_sequences", metrics):
-                out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
-                                                         sampling_params=params, image_data=images or None)
-            preempted += int(out.num_preempted or 0)
-            assistant_turns += 1
-            want_lp = bool(logprobs) or bool(out.log_probs)
-            merged, mask, lp = await self.ct_merge_assistant_token(
-                runtime_ids, out.token_ids, mask, logprobs if want_lp else None,
-                assistant_logprobs=list(out.log_probs) if out.log_probs else None)
-            runtime_ids, logprobs = merged.token_ids, (lp or [])
-            if self.eos_id is not None and (not out.token_ids or out.token_ids[-1] != self.eos_id):
-                # stopped by length, a stop string or at once: close the turn as the chat template would
-                runtime_ids = runtime_ids + [self.eos_id]
-                mask = mask + [0]
-                logprobs = logprobs + [0.0] if logprobs else logprobs
-            last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            if self.scripted_tool_turn and assistant_turns == 0:
+                # a prompted tool turn (medvqa.scripted_tool_call): the text is given, not sampled, and
+                # enters the context at response_mask 0 -- the env runs its tool call for real
+                assistant_turns += 1
+                last_text = self.scripted_tool_turn
+                turn_ids = self.tokenizer.encode(last_text, add_special_tokens=False) + [self.eos_id]
+                runtime_ids, mask = runtime_ids + turn_ids, mask + [0] * len(turn_ids)
+                logprobs = logprobs + [0.0] * len(turn_ids) if logprobs else logprobs
+            else:
+                params = {**sampling_params, "max_tokens": min(self.max_action_length, budget)}
+                if self.stop:
+                    params.update(stop=self.stop, include_stop_str_in_output=True)
+                with simple_timer("generate_sequences", metrics):
+                    out = await self.server_manager.generate(request_id=request_id, prompt_ids=runtime_ids,
+                                                             sampling_params=params, image_data=images or None,
+                                                             priority=priority)
+                self._merge_server_fields(server_fields, out.extra_fields)
+                preempted += int(out.num_preempted or 0)
+                assistant_turns += 1
+                want_lp = bool(logprobs) or bool(out.log_probs)
+                merged, mask, lp = await self.ct_merge_assistant_token(
+                    runtime_ids, out.token_ids, mask, logprobs if want_lp else None,
+                    assistant_logprobs=list(out.log_probs) if out.log_probs else None)
+                runtime_ids, logprobs = merged.token_ids, (lp or [])
+                if self.eos_id is not None and (not out.token_ids or out.token_ids[-1] != self.eos_id):
+                    # stopped by length, a stop string or at once: close the turn as the chat template would
+                    runtime_ids = runtime_ids + [self.eos_id]
+                    mask = mask + [0]
+                    logprobs = logprobs + [0.0] if logprobs else logprobs
+                last_text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
 
             with simple_timer("tool_calls", metrics):
                 _, r, terminated, truncated, step_info = await loop.run_in_executor(None, env.step, last_text)
@@ -195,8 +232,12 @@ class MedVQAAgentLoop(AgentLoopBase):
                 break
 
             previous = messages + [{"role": "assistant", "content": last_text}]
-            n_before, images = len(images), list(env.images)
-            observation = self._capped(to_verl_message(env.messages[-1], images))
+            n_before = len(images)
+            if self.sees_images:
+                images = list(env.images)
+                observation = self._capped(to_verl_message(env.messages[-1], images))
+            else:
+                observation = self._capped(text_only(env.messages[-1]))
             self._assert_mm_supported(len(images) > n_before)
             messages = previous + [observation]
             merged, mask, lp = await self.ct_merge_context_msg(previous, messages, runtime_ids, mask,
@@ -210,10 +251,37 @@ class MedVQAAgentLoop(AgentLoopBase):
                     "answer_protocol": self.env_kwargs.get("answer_protocol", "boxed"), "record_id": record.id}
             scored = await loop.run_in_executor(None, lambda: score_turn("", record.answer, info, env.reward_fn))
             reward = scored["score"]
-        return self._output(env, runtime_ids, mask, logprobs, images, reward, end_reason, step_info, metrics,
-                            turn_scores, assistant_turns, user_turns, n_tool_calls, preempted)
+        output = self._output(env, runtime_ids, mask, logprobs, images, reward, end_reason, step_info, metrics,
+                              turn_scores, assistant_turns, user_turns, n_tool_calls, preempted)
+        output.extra_fields.update(server_fields)
+        return output
+
+    @staticmethod
+    def _merge_server_fields(fields: dict[str, Any], new: Mapping[str, Any] | None) -> None:
+        """Keep the rollout server's bookkeeping like verl's ``ToolAgentLoop``: the weight version
+        the episode started on (``min_global_steps``) and ended on (``max_global_steps``)."""
+        new = dict(new or {})
+        if not fields:
+            fields.update(new)
+        elif new.get("max_global_steps") is not None:
+            fields["max_global_steps"] = new["max_global_steps"]
 
     # ------------------------------------------------------------------------------------------
+    def _end_on_model_token(self, response_ids: list[int], mask: list[int], logprobs: list[float]):
+        """Cut the response at ``response_length``, then drop trailing ``response_mask`` 0 tokens.
+
+        verl puts the episode's reward on the last response token (``rm_scores[-1]``). A turn cut
+        by length ends on the ``<|im_end|>`` we append at mask 0, and a budget cut can end inside an
+        observation: the reward would sit on a token the policy did not produce (and that
+        mask-aware estimators ignore). Nothing after the policy's last token conditions it, so
+        dropping that tail changes no log-prob."""
+        n = min(len(response_ids), self.response_length)
+        while n > 0 and mask[n - 1] == 0:
+            n -= 1
+        if n == 0:  # no policy token at all (nothing generated): keep the truncated response
+            n = min(len(response_ids), self.response_length)
+        return response_ids[:n], mask[:n], (logprobs[:n] if logprobs else logprobs)
+
     def _capped(self, message: dict[str, Any]) -> dict[str, Any]:
         """Cap an observation's text at ``max_obs_length`` tokens (the seed's max_obs_length)."""
         def cap(text: str) -> str:
@@ -231,6 +299,7 @@ class MedVQAAgentLoop(AgentLoopBase):
                 turn_scores, assistant_turns, user_turns, n_tool_calls, preempted) -> AgentLoopOutput:
         n_prompt = len(runtime_ids) - len(mask)
         prompt_ids, response_ids = runtime_ids[:n_prompt], runtime_ids[n_prompt:]
+        response_ids, mask, logprobs = self._end_on_model_token(response_ids, mask, logprobs)
         penalty = 0.0
         if self.overlong.get("enable"):
             penalty = overlong_penalty(min(len(response_ids), self.response_length), self.response_length,
@@ -259,9 +328,9 @@ class MedVQAAgentLoop(AgentLoopBase):
                                        tool_calls=metrics.get("tool_calls", 0.0), num_preempted=preempted)
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
-            response_ids=response_ids[: self.response_length],
-            response_mask=mask[: self.response_length],
-            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            response_ids=response_ids,
+            response_mask=mask,
+            response_logprobs=logprobs or None,
             multi_modal_data={"images": images} if images else {},
             reward_score=total,
             num_turns=assistant_turns + user_turns + 1,

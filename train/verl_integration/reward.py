@@ -56,6 +56,10 @@ class _Serialized:
         with self._lock:
             return self.fn(batch)
 
+    def end_batch(self, batch_id=None):
+        with self._lock:
+            return self.fn.end_batch(batch_id)
+
     def state_dict(self):
         with self._lock:
             return self.fn.state_dict()

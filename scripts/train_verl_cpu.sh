@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# verl's own GRPO trainer on this CPU, against MedVQA-Gym: OPEN questions of the embedded default,
+# ARMed reward (thresholds in one Ray actor, moved once per step, in verl's checkpoints), tools
+# image_zoom_in + classical segment, a tiny random Qwen2 policy served by vLLM-CPU.
+#
+#   bash scripts/train_verl_cpu.sh [key=value ...]      # 2 GRPO steps into outputs/verl_cpu
+#
+# Sets up .venv-verl first (scripts/setup_verl_cpu.sh, minutes the first time). Environment:
+# OUT (run folder), POLICY (a HF folder; default: a tiny Qwen2 built into $OUT/policy), STEPS (2),
+# SCRIPTED_TOOL (1: the first turn is a given image_zoom_in call, because a random policy never
+# writes one; 0: the policy writes every turn). Trailing key=value overrides go to the launcher
+# (verl's config or medvqa.*); see docs/verl.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_verl_cpu.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
+OUT=${OUT:-outputs/verl_cpu}
+STEPS=${STEPS:-2}
+PY=.venv-verl/bin/python
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+POLICY=${POLICY:-$OUT/policy}
+if [[ ! -f $POLICY/config.json ]]; then
+  $PY -m train.verl_integration.tiny_policy --out "$POLICY" --kind qwen2
+fi
+scripted=()
+if [[ ${SCRIPTED_TOOL:-1} == 1 ]]; then
+  scripted=(medvqa.scripted_tool_call.name=image_zoom_in 'medvqa.scripted_tool_call.arguments.bbox=[0,0,48,48]')
+fi
+exec $PY -m train.verl_integration.launch --device cpu --prepare-data --answer-types OPEN --image-mode none \
+  --output-dir "$OUT" \
+  actor_rollout_ref.model.path="$POLICY" \
+  medvqa.env.dataset=embedded medvqa.env.tools.image_zoom_in=local medvqa.env.tools.segment.engine=classical \
+  medvqa.env.max_turns=1 actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2 \
+  actor_rollout_ref.rollout.multi_turn.max_user_turns=1 \
+  medvqa.max_action_length=24 medvqa.max_obs_length=96 \
+  data.max_prompt_length=2048 data.max_response_length=160 actor_rollout_ref.rollout.max_model_len=2304 \
+  data.train_batch_size=2 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.optim.lr=1e-4 \
+  trainer.total_training_steps="$STEPS" trainer.total_epochs=100 \
+  'trainer.logger=[console,file]' trainer.save_freq="$STEPS" trainer.test_freq=-1 \
+  trainer.default_local_dir="$OUT/checkpoints" trainer.rollout_data_dir="$OUT/rollouts" \
+  medvqa.episode_log_dir="$OUT/episodes" \
+  "${scripted[@]}" "$@"

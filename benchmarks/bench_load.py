@@ -35,9 +35,11 @@ from typing import Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from PIL import Image  # noqa: E402
 
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 from tool_backends.base import ToolContext  # noqa: E402
 
 TOOLS = ("segment", "image_zoom_in")
@@ -266,6 +268,26 @@ def measure(clients: int, duration_s: float, warmup_s: float, size: int) -> tupl
     return results, memory
 
 
+def figures_of(results: list[LoadResult], memory: dict) -> dict[str, float]:
+    """The named figures of a run (see benchmarks/figures.py)."""
+    base = results[0].throughput or float("nan")
+    out: dict[str, float] = {}
+    for r in results:
+        key = r.target.replace("-", "_")
+        out.update({f"{key}.calls": r.calls, f"{key}.calls_per_s": r.throughput, f"{key}.ratio": r.throughput / base,
+                    f"{key}.p50_ms": r.percentile(0.5) * 1e3, f"{key}.p99_ms": r.percentile(0.99) * 1e3,
+                    f"{key}.errors": r.errors})
+    out["calls_total"] = sum(r.calls for r in results)
+    out["errors_total"] = sum(r.errors for r in results)
+    mb = 1024 * 1024
+    for name in ("server", "router"):
+        if f"{name}_before" in memory:
+            out[f"{name}.rss_before_mib"] = memory[f"{name}_before"] / mb
+            out[f"{name}.rss_after_mib"] = memory[f"{name}_after"] / mb
+            out[f"{name}.rss_growth_mib"] = (memory[f"{name}_after"] - memory[f"{name}_before"]) / mb
+    return out
+
+
 def to_markdown(results: list[LoadResult], memory: dict, command: str, clients: int, duration_s: float) -> str:
     base = results[0].throughput or float("nan")
     lines = [
@@ -306,13 +328,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per target")
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--out", default=None, help="also write the Markdown here")
+    p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                    "none with --quick)")
     args = p.parse_args(argv)
     clients, duration, warmup = (4, 2.0, 1.0) if args.quick else (args.clients, args.duration, 3.0)
     results, memory = measure(clients, duration, warmup, args.size)
     command = "python benchmarks/bench_load.py" + (" --quick" if args.quick else
                                                    f" --clients {clients} --duration {duration:g}")
     text = to_markdown(results, memory, command, clients, duration)
-    print(text)
+    record("load", text, figures_of(results, memory), command, results_dir_arg(args.quick, args.results))
     if args.out:
         Path(args.out).write_text(text)
     return 0

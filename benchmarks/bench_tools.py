@@ -21,12 +21,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from PIL import Image  # noqa: E402
 
 from medvqa_env.parser import ToolCall  # noqa: E402
 from tool_backends.base import ToolContext  # noqa: E402
 from tool_backends.toolbox import ToolCache, Toolbox  # noqa: E402
+
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 
 TOOLS = {"image_zoom_in": {}, "segment": {"engine": "classical"}, "ground": {"engine": "classical"},
          "classify": {"engine": "oracle"}, "hires_render": {}}
@@ -185,6 +188,8 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default=str(REPO.parent / "shared" / "data" / "vqa_rad"))
+    ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                    "none with --quick)")
     args = ap.parse_args(argv)
     n_images, repeats, seconds = (3, 3, 1.0) if args.quick else (8, 7, 3.0)
     images = load_images(args.vqa_rad, n_images)
@@ -214,8 +219,11 @@ def main(argv: list[str] | None = None) -> str:
         "| overhead (best repeat) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    figures: dict[str, float] = {"images": len(images), "repeats": repeats}
     for r in rows:
         best = min(r["png_repeat"], r["raw_repeat"], r["path_repeat"]) - r["local"]
+        figures.update({f"{r['tool']}.{k}_ms": v for k, v in r.items() if k != "tool"})
+        figures[f"{r['tool']}.overhead_ms"] = best
         lines.append(f"| {r['tool']} | {r['local']:.2f} | {r['png_upload']:.2f} | {r['raw_upload']:.2f} | "
                      f"{r['path_upload']:.2f} | {r['png_repeat']:.2f} | {r['raw_repeat']:.2f} | "
                      f"{r['path_repeat']:.2f} | {best:+.2f} |")
@@ -223,14 +231,22 @@ def main(argv: list[str] | None = None) -> str:
               f"`path` transport, one pooled client per thread, {seconds:g} s each:", "",
               "| concurrent clients | calls/s | ratio to 1 client |", "|---:|---:|---:|"]
     for c, v in tput.items():
+        figures[f"throughput.clients_{c}.calls_per_s"] = v
+        figures[f"throughput.clients_{c}.ratio"] = v / tput[1]
         lines.append(f"| {c} | {v:.1f} | {v / tput[1]:.2f} |")
     lines += ["", "A GRPO group of 8 identical `segment` calls (same record, same image):", "",
               "| setting | total ms | ratio to one call |", "|---|---:|---:|"]
     one = group["one call (median of 5)"]
+    group_keys = {"local, no cache": "local_no_cache", "local, cache": "local_cache", "one call (median of 5)": "one_call",
+                  "remote, 8 clients, server cache, each uploads the image": "remote_uploads",
+                  "remote, 8 clients, server cache, optimistic refs (default)": "remote_refs"}
     for k, v in group.items():
+        figures[f"group.{group_keys[k]}_ms"] = 1000 * v
+        figures[f"group.{group_keys[k]}_ratio"] = v / one
         lines.append(f"| {k} | {1000 * v:.1f} | {v / one:.2f} |")
+    figures["overhead_max_ms"] = max(figures[f"{t}.overhead_ms"] for t in TOOLS)
     section = "\n".join(lines) + "\n"
-    print(section)
+    record("tools", section, figures, cmd, results_dir_arg(args.quick, args.results))
     return section
 
 

@@ -29,8 +29,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MEDVQA_CACHE", os.path.join(tempfile.gettempdir(), "medvqa-bench-cache"))
+
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 
 ZOOM = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 128, 128]}}</tool_call>'
 ANSWER = r"\boxed{no}"
@@ -101,6 +104,8 @@ def agent_episodes(make_loop, ids, concurrent: bool):
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="4 episodes instead of 16")
+    ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                    "none with --quick)")
     args = ap.parse_args(argv)
     n = 4 if args.quick else 16
     dataset, make_loop = setup(max(n, 8))
@@ -126,10 +131,11 @@ def main(argv: list[str] | None = None) -> str:
         f"| `medvqa_agent`, {n} concurrent (`asyncio.gather`) | {con_w:.2f} | {con_c:.2f} | {ms(con_w)} | "
         f"{con_w / env_w:.1f} |",
     ]
+    command = f"python benchmarks/bench_verl_rollout.py{' --quick' if args.quick else ''}"
     section = "\n".join([
         "## verl agent loop: cost per episode on CPU",
         "",
-        f"`python benchmarks/bench_verl_rollout.py{' --quick' if args.quick else ''}` — {n} episodes "
+        f"`{command}` — {n} episodes "
         f"(zoom, then answer; {tokens:.0f} response tokens each, {ok}/{n} rewarded 1.0), embedded dataset, "
         "CPU stand-in for verl's rollout server (tiny random Qwen2-VL, teacher-forced turns).",
         "",
@@ -138,7 +144,12 @@ def main(argv: list[str] | None = None) -> str:
         *rows,
         "",
     ])
-    print(section)
+    per_ep = {"env_only": env_w, "sequential": seq_w, "generation": gen, "env_steps": step, "bookkeeping": rest,
+              "concurrent": con_w}
+    figures = {f"{k}.ms_per_episode": 1000 * v / n for k, v in per_ep.items()}
+    figures.update({f"{k}.ratio": v / env_w for k, v in per_ep.items()})
+    figures.update(episodes=n, rewarded=ok, response_tokens=tokens)
+    record("verl_rollout", section, figures, command, results_dir_arg(args.quick, args.results))
     return section
 
 

@@ -1,50 +1,53 @@
-"""Run every benchmark in ``benchmarks/bench_*.py`` and rewrite ``BENCHMARKS.md``.
+"""Run the benchmarks, rebuild ``BENCHMARKS.md`` and regenerate every figure the docs quote.
 
-Each benchmark prints one Markdown section (its figures side by side with a baseline measured in
-the same run). This script adds the machine description, the date and the command, keeps each
-section in ``benchmarks/results/<topic>.md``, and records a failing benchmark as failed (with the
-tail of its error) instead of stopping.
+Each ``bench_<topic>.py`` measures something side by side with a baseline in the same run and
+keeps its section and named figures in ``benchmarks/results/<topic>.{md,json}``
+(:mod:`benchmarks.figures`). This script runs the chosen benchmarks (all by default, one after
+another), then assembles ``BENCHMARKS.md`` from *every* results file (a goal table first, then each
+section with the date it was measured), and rewrites the ``<!-- fig ... -->`` markers in README.md,
+RELIABILITY.md and docs/. A benchmark that fails is reported as failed in ``BENCHMARKS.md``; its
+previous results stay.
 
-    python benchmarks/run_all.py [--quick] [--only env,tools] [--timeout 900]
+    python benchmarks/run_all.py [--only env,tools] [--timeout 1800]   # measure, then rebuild
+    python benchmarks/run_all.py --docs-only                           # rebuild from the results
+    python benchmarks/run_all.py --quick                               # smoke run: nothing is written
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH_DIR))
+
+from figures import RESULTS, format_figure, load_figures, machine, update_docs  # noqa: E402
+
 ORDER = ["env", "tools", "rewards", "eval", "train", "load"]  # the data flow; others follow alphabetically
+NOT_RUN_HERE = {"soak": "python benchmarks/soak.py --minutes 5 --fault-every 20",
+                "rewards_validity": "python -m rewards.validity --limit 0 --negatives 3"}
 
-
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        mem_kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal")).split()[1])
-        mem = f"{mem_kb / 2**20:.0f} GiB RAM"
-    except (OSError, StopIteration, ValueError):
-        mem = "RAM unknown"
-    try:
-        import torch
-
-        torch_v = f"torch {torch.__version__}"
-    except ImportError:
-        torch_v = "no torch"
-    return f"{cpu}, {os.cpu_count()} cores, {mem}, Python {platform.python_version()}, {torch_v}, no GPU"
+# The goals of issue 13, each read from the results: (what, figure, format, unit, baseline, goal, met?)
+GOALS = [
+    ("remote overhead over in-process, worst tool (image on the server)", "tools.overhead_max_ms", "+.2f", " ms",
+     "in-process call, same run", "< 3 ms", lambda v: v < 3),
+    ("remote `segment` overhead", "tools.segment.overhead_ms", "+.2f", " ms", "in-process call, same run", "< 3 ms",
+     lambda v: v < 3),
+    ("remote `ground` overhead", "tools.ground.overhead_ms", "+.2f", " ms", "in-process call, same run", "< 3 ms",
+     lambda v: v < 3),
+    ("open-answer rewards vs the same libraries in batches (all distinct)", "rewards.distinct.vs_batched_libraries",
+     ".2f", "×", "bert-score + sentence-transformers + rouge-score/nltk, batched, same run", "≥ 3×", lambda v: v >= 3),
+    ("open-answer rewards, all distinct, 1 torch thread", "rewards.distinct.rate", ".0f", "/s",
+     "—", "≥ 600/s", lambda v: v >= 600),
+    ("eval harness, zero-cost agent, 2 env workers vs serial (min of 3)", "eval.zero_cost.workers_2.ratio_min", ".2f",
+     "×", "serial harness, same run", "≥ 1.8×", lambda v: v >= 1.8),
+    ("training step, SmolLM2, 16 rollouts with tool calls", "train.step_speedup", ".2f", "×",
+     "the unoptimised step, same run", "≥ 3×", lambda v: v >= 3),
+]
 
 
 def discover() -> list[str]:
@@ -52,24 +55,69 @@ def discover() -> list[str]:
     return sorted(topics, key=lambda t: (ORDER.index(t) if t in ORDER else len(ORDER), t))
 
 
-def run_one(topic: str, quick: bool, timeout: int) -> str:
+def run_one(topic: str, quick: bool, timeout: int) -> str | None:
+    """Run one benchmark; ``None`` when it succeeded, else a note on how it failed."""
     cmd = [sys.executable, str(BENCH_DIR / f"bench_{topic}.py")] + (["--quick"] if quick else [])
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return f"## {topic}\n\nFailed: did not finish within {timeout} s.\n"
-    out = proc.stdout.strip()
-    start = out.find("## ")
-    if proc.returncode != 0 or start < 0:
-        tail = "\n".join((proc.stderr or out).strip().splitlines()[-15:])
-        return f"## {topic}\n\nFailed (exit {proc.returncode}):\n\n```\n{tail}\n```\n"
-    return out[start:] + "\n"
+        return f"did not finish within {timeout} s"
+    if quick:
+        print(proc.stdout)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        return f"exit {proc.returncode}:\n\n```\n{tail}\n```"
+    return None
+
+
+def goal_table(figures: dict) -> list[str]:
+    lines = ["## Goals (issue 13)", "",
+             "Each figure is read from `benchmarks/results/`; its baseline ran in the same benchmark run.", "",
+             "| goal row | measured | baseline | goal | met |", "|---|---:|---|---|---|"]
+    for what, key, fmt, unit, baseline, goal, ok in GOALS:
+        value = figures.get(key)
+        shown = "not measured" if value is None else format_figure(value, fmt) + unit
+        met = "—" if value is None else ("yes" if ok(value) else "**no**")
+        lines.append(f"| {what} | {shown} | {baseline} | {goal} | {met} |")
+    return lines + [""]
+
+
+def assemble(failures: dict[str, str], out: Path) -> None:
+    """Write ``out`` from every ``results/<topic>.md``, newest measurement date per section."""
+    figures = load_figures()
+    topics = discover()
+    extra = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem not in topics)
+    header = ["# Benchmarks", "",
+              "Assembled by `python benchmarks/run_all.py` from `benchmarks/results/` (each section says when and "
+              "with which command it was measured; rerun one with `python benchmarks/run_all.py --only <topic>`).",
+              f"Machine: {machine()}.", "",
+              "Every figure is measured side by side with its baseline in the same run; ratios compare the two. "
+              "Wall-clock figures on this shared 2-core machine move with its load (recorded per section).", ""]
+    body = goal_table(figures)
+    for topic in topics + extra:
+        md = RESULTS / f"{topic}.md"
+        meta_file = RESULTS / f"{topic}.json"
+        section = md.read_text().rstrip("\n") if md.is_file() else f"## {topic}\n\nNo results recorded yet."
+        if meta_file.is_file():
+            meta = json.loads(meta_file.read_text())["meta"]
+            when = (f"*Measured {meta['date'].replace('T', ' ')}, load average {meta['load_average']} "
+                    f"at the end, on {meta['machine']}.*")
+            first, _, rest = section.partition("\n")
+            section = f"{first}\n\n{when}\n{rest}"
+        elif topic in NOT_RUN_HERE:
+            section += f"\n\n*Not run by run_all.py: `{NOT_RUN_HERE[topic]}`.*"
+        if topic in failures:
+            section += f"\n\n**The last run of this benchmark failed** ({failures[topic]}); the figures above are older."
+        body += [section, ""]
+    out.write_text("\n".join(header + body).rstrip("\n") + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short runs (smoke test); figures are noisier")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short smoke runs; print them, write nothing")
     ap.add_argument("--only", default="", help="comma-separated topics (default: all)")
+    ap.add_argument("--docs-only", action="store_true", help="measure nothing: rebuild BENCHMARKS.md and the docs")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per benchmark")
     ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = ap.parse_args(argv)
@@ -81,28 +129,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Unknown benchmark(s) {unknown}; choose from {topics}", file=sys.stderr)
             return 2
         topics = [t for t in topics if t in wanted]
-    results_dir = BENCH_DIR / "results"
-    results_dir.mkdir(exist_ok=True)
-    sections = []
-    for topic in topics:
-        print(f"[run_all] {topic} ...", file=sys.stderr, flush=True)
-        section = run_one(topic, args.quick, args.timeout)
-        (results_dir / f"{topic}.md").write_text(section)
-        sections.append(section)
-    command = "python benchmarks/run_all.py" + (" --quick" if args.quick else "")
-    header = [
-        "# Benchmarks",
-        "",
-        f"Rewritten by `{command}` on {dt.date.today().isoformat()}.",
-        f"Machine: {machine_description()}.",
-        "",
-        "Every figure is measured side by side with its baseline in the same run; ratios compare the two.",
-        "A single benchmark can be rerun with `python benchmarks/bench_<topic>.py`.",
-        "",
-    ]
-    Path(args.out).write_text("\n".join(header) + "\n" + "\n".join(sections))
-    print(f"[run_all] wrote {args.out}", file=sys.stderr)
-    return 0
+    failures: dict[str, str] = {}
+    if not args.docs_only:
+        for topic in topics:
+            print(f"[run_all] {topic} ...", file=sys.stderr, flush=True)
+            problem = run_one(topic, args.quick, args.timeout)
+            if problem:
+                failures[topic] = problem
+                print(f"[run_all] {topic} failed: {problem}", file=sys.stderr)
+    if args.quick:
+        return 1 if failures else 0
+    assemble(failures, Path(args.out))
+    problems = update_docs()
+    print(f"[run_all] wrote {args.out}; docs regenerated" + (f"; problems: {problems}" if problems else ""),
+          file=sys.stderr)
+    return 1 if failures or problems else 0
 
 
 if __name__ == "__main__":

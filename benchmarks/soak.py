@@ -24,6 +24,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_load import ServerProcess, http_caller, run_load, test_image  # noqa: E402
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 
 MiB = 1024 * 1024
 
@@ -45,15 +46,17 @@ def _usage(proc=None) -> tuple[float, int]:
 
 
 def soak(minutes: float, envs: int, clients: int, fault_every: float, timeout_s: float) -> dict:
-    from medvqa_env.vector import make_vec_env
-    from rewards import RuleReward
+    import gymnasium as gym
+
+    import medvqa_env  # noqa: F401
 
     image = test_image(128)
     server = ServerProcess("serve", ["--tools", "segment,image_zoom_in", "--cache-size", "256"]).start()
     upstream = f"segment={server.url},image_zoom_in={server.url}"
     router = ServerProcess("router", ["--upstream", upstream, "--wait-s", "30", "--timeout-s", str(timeout_s)]).start()
     tools = {"segment": {"url": router.url, "timeout_s": timeout_s + 2, "retries": 2}, "image_zoom_in": "local"}
-    venv = make_vec_env(envs, mode="async", dataset="embedded", tools=tools, reward=RuleReward(), max_turns=2)
+    venv = gym.make_vec("MedVQA-v0", envs, backend="process", workers=envs, dataset="embedded", tools=tools,
+                        reward="rule", max_turns=2)
     stats = collections.Counter()
     unexpected: list[str] = []
     samples: list[dict] = []
@@ -181,12 +184,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fault-every", type=float, default=20.0, help="seconds per fault period")
     p.add_argument("--timeout-s", type=float, default=2.0, help="tool call deadline in the clients")
     p.add_argument("--out", default=None)
+    p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                    "none with --quick)")
     args = p.parse_args(argv)
     minutes, every = (1.0, 10.0) if args.quick else (args.minutes, args.fault_every)
     result = soak(minutes, args.envs, args.clients, every, args.timeout_s)
     command = "python benchmarks/soak.py" + (" --quick" if args.quick else f" --minutes {minutes:g} --fault-every {every:g}")
     text = to_markdown(result, command, minutes)
-    print(text)
+    s = result["stats"]
+    figures = {"minutes": minutes, "episodes": s.get("episodes", 0), "load_calls": s.get("load_calls", 0),
+               "load_errors": s.get("load_errors", 0), "unexpected": len(result["unexpected"]),
+               "tool_calls": sum(v for k, v in s.items() if k.startswith("tool_"))}
+    figures.update({f"tool.{k[5:].replace(' ', '_')}": v for k, v in s.items() if k.startswith("tool_")})
+    figures["tool_failed"] = figures["tool_calls"] - s.get("tool_ok", 0)
+    samples = result["samples"]
+    if len(samples) >= 3:
+        a, b = samples[1], samples[-1]
+        for k in ("client_rss", "workers_rss", "router_rss", "client_fds", "router_fds", "server_fds"):
+            figures[f"growth.{k}"] = b[k] - a[k]
+        figures.update({f"end.{k}": b[k] for k in ("client_fds", "router_fds", "server_fds")})
+    record("soak", text, figures, command, results_dir_arg(args.quick, args.results))
     if args.out:
         Path(args.out).write_text(text)
     return 1 if result["unexpected"] else 0

@@ -6,7 +6,8 @@
 * the mean-pooled, L2-normalised last layer (what a sentence-transformers model with
   ``Pooling(mean) + Normalize`` returns -- all-MiniLM-L6-v2 is one).
 
-So with the default MiniLM one forward pass serves both BERTScore and cosine similarity. The
+So with the default MiniLM one forward pass serves both BERTScore and cosine similarity, and a
+BERT model runs packed (:mod:`rewards.packed_bert`: no padding tokens). The
 BERTScore here reproduces ``bert_score.BERTScorer(model_type=path, num_layers=L, idf=False)``:
 tokens ``[CLS] ... [SEP]`` take part in the greedy matching but get weight 0, the other tokens
 weight 1; an empty side gives P = R = F = 0 (tests check equality with the library). The one
@@ -78,7 +79,7 @@ class TokenEncoder:
         self.batch_size = int(batch_size)
         self.cache_size = int(cache_size)
         self.device = device
-        self._model = self._tokenizer = None
+        self._model = self._tokenizer = self._packed = None
         self._max_length = 512
         self._pooled_is_sentence = False
         self._cache = _LRU(self.cache_size)
@@ -87,7 +88,7 @@ class TokenEncoder:
     # -- pickling: drop the model, reload on first use --------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_model=None, _tokenizer=None, _cache=_LRU(self.cache_size), _lock=None)
+        state.update(_model=None, _tokenizer=None, _packed=None, _cache=_LRU(self.cache_size), _lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -126,6 +127,12 @@ class TokenEncoder:
             # bert-score truncates the same way; the pooled vector is then not the sentence embedding
             model.encoder.layer = torch.nn.ModuleList(list(model.encoder.layer)[: self.num_layers])
         self._model = model.eval().to(self.device)
+        from rewards import packed_bert
+
+        self._packed = None
+        if self.device == "cpu" and packed_bert.supports(self._model):
+            self._packed = packed_bert.PackedBert(self._model)
+        self._special = np.array(sorted(self._tokenizer.all_special_ids), dtype=np.int64)
         self._max_length = min(int(getattr(self._tokenizer, "model_max_length", 512) or 512), 512)
         self._pooled_is_sentence = self.num_layers == total and _is_mean_pooling_st(Path(path))
         if self._pooled_is_sentence:
@@ -133,12 +140,14 @@ class TokenEncoder:
             if cfg.is_file():
                 self._max_length = int(json.loads(cfg.read_text()).get("max_seq_length", self._max_length))
 
-    def _ids(self, text: str) -> list[int]:
-        text = text.strip()
-        if not text:
-            # bert-score calls build_inputs_with_special_tokens([]), gone in transformers 5
-            return list(self._tokenizer("", add_special_tokens=True)["input_ids"])
-        return self._tokenizer.encode(text, add_special_tokens=True, max_length=self._max_length, truncation=True)
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with ``[CLS] ... [SEP]``, truncated at the model's limit, in one tokenizer call.
+        An empty text gives ``[CLS] [SEP]`` (what bert-score encodes for it)."""
+        self._load()
+        if not texts:
+            return []
+        return self._tokenizer([t.strip() for t in texts], add_special_tokens=True, truncation=True,
+                               max_length=self._max_length)["input_ids"]
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Encodings of ``texts`` in order; each distinct uncached text is encoded once."""
@@ -156,15 +165,32 @@ class TokenEncoder:
             return [found[t] for t in texts]
 
     def _forward(self, texts: list[str]) -> list[Encoded]:
-        import torch
-
         if not texts:
             return []
-        ids = [self._ids(t) for t in texts]
-        special = set(self._tokenizer.all_special_ids)
-        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
-        result: list[Encoded | None] = [None] * len(texts)
+        ids = self.tokenize(texts)
+        x, starts, lengths = self._packed(ids) if self._packed is not None else self._padded(ids)
+        x = x.float().cpu()
+        tokens = torch_normalize(x)
+        # mean pooling per text: the packed rows of each text are contiguous
+        order = np.argsort(starts, kind="stable")
+        sums = np.add.reduceat(x.numpy(), np.asarray(starts)[order], axis=0)
+        pooled = np.empty_like(sums)
+        pooled[order] = sums / np.asarray(lengths, dtype=np.float32)[order, None]
+        pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        weights = (~np.isin(np.fromiter((t for row in ids for t in row), np.int64), self._special)).astype(np.float32)
+        flat_starts = np.cumsum([0] + [len(row) for row in ids])
+        out = []
+        for i, (start, n) in enumerate(zip(starts, lengths)):
+            out.append(Encoded(tokens[start:start + n], weights[flat_starts[i]:flat_starts[i] + n], pooled[i]))
+        return out
+
+    def _padded(self, ids: list[list[int]]):
+        """The plain padded forward (any transformers encoder), laid out like :class:`PackedBert`'s."""
+        import torch
+
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         pad = self._tokenizer.pad_token_id or 0
+        rows: list = [None] * len(ids)
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start:start + self.batch_size]
@@ -176,15 +202,18 @@ class TokenEncoder:
                     mask[row, : len(ids[i])] = 1
                 hidden = self._model(input_ids=input_ids.to(self.device),
                                      attention_mask=mask.to(self.device))[0].float().cpu()
-                m = mask.unsqueeze(-1).float()
-                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-                pooled = torch.nn.functional.normalize(pooled, dim=-1).numpy()
-                tokens = torch.nn.functional.normalize(hidden, dim=-1).numpy()
                 for row, i in enumerate(chunk):
-                    n = len(ids[i])
-                    w = np.array([0.0 if t in special else 1.0 for t in ids[i]], dtype=np.float32)
-                    result[i] = Encoded(tokens[row, :n].copy(), w, pooled[row].copy())
-        return result  # type: ignore[return-value]
+                    rows[i] = hidden[row, : len(ids[i])]
+        lengths = [len(row) for row in ids]
+        starts = np.cumsum([0] + lengths[:-1]).tolist()
+        return torch.cat(rows), starts, lengths
+
+
+def torch_normalize(x) -> np.ndarray:
+    """Rows of a float tensor scaled to unit length (as ``torch.nn.functional.normalize``), as numpy."""
+    import torch
+
+    return torch.nn.functional.normalize(x, dim=-1).numpy()
 
 
 def _is_mean_pooling_st(path: Path) -> bool:

@@ -1,10 +1,15 @@
-"""Lexical metrics for open answers: BLEU-1 (nltk) and ROUGE-1 F (rouge-score).
+"""Lexical metrics for open answers: BLEU-1 (as nltk) and ROUGE-1 F (as rouge-score).
 
 Both use one tokenisation, rouge-score's default tokenizer: lowercase, every run of characters
 outside ``[a-z0-9]`` is a separator (so "Left-lower lobe," -> ``left lower lobe``), no stemming
 unless asked. BLEU-1 is nltk's ``sentence_bleu`` with ``weights=(1.0,)`` and a single reference:
 clipped unigram precision times the brevity penalty, **no smoothing** (zero overlap -> 0.0, and an
-empty candidate or reference -> 0.0). ROUGE-1 is the unigram F-measure.
+empty candidate or reference -> 0.0). ROUGE-1 is rouge-score's unigram F-measure.
+
+The counting is done here, with the libraries' own arithmetic step for step (the same divisions,
+``exp(fsum(log p))``, the same F formula), because the libraries spend 20-50x longer per pair on
+``Fraction`` objects and re-tokenising; ``tests/rewards/test_text_metrics.py`` checks the results
+equal ``nltk`` and ``rouge-score`` exactly on every VQA-RAD answer pair it draws.
 
 >>> round(bleu1("left lower lobe", "the left lower lobe"), 4)  # BP = exp(1 - 4/3)
 0.7165
@@ -16,11 +21,11 @@ empty candidate or reference -> 0.0). ROUGE-1 is the unigram F-measure.
 
 from __future__ import annotations
 
-import warnings
+import math
+from collections import Counter
 from functools import lru_cache
 from typing import Sequence
 
-from nltk.translate.bleu_score import sentence_bleu
 from rouge_score import rouge_scorer
 
 _SCORERS: dict[bool, rouge_scorer.RougeScorer] = {}
@@ -38,19 +43,38 @@ def tokenize(text: str, stem: bool = False) -> tuple[str, ...]:
     return tuple(_scorer(stem)._tokenizer.tokenize(text or ""))
 
 
+@lru_cache(maxsize=65536)
+def _counts(text: str, stem: bool) -> Counter:
+    return Counter(tokenize(text, stem))
+
+
+def _overlap(cand: Counter, ref: Counter) -> int:
+    """Clipped unigram matches: each candidate word counts at most as often as in the reference."""
+    if len(cand) > len(ref):
+        cand, ref = ref, cand
+    return sum(min(n, ref[w]) for w, n in cand.items() if w in ref)
+
+
 def bleu1(candidate: str, reference: str, stem: bool = False) -> float:
     """Sentence BLEU-1 of ``candidate`` against one ``reference`` (see the module docstring)."""
-    c, r = tokenize(candidate, stem), tokenize(reference, stem)
-    if not c or not r:
+    c, r = _counts(candidate or "", stem), _counts(reference or "", stem)
+    c_len, r_len = sum(c.values()), sum(r.values())
+    if not c_len or not r_len:
         return 0.0
-    with warnings.catch_warnings():  # nltk warns on zero overlap; we define that as 0.0
-        warnings.simplefilter("ignore")
-        return float(sentence_bleu([list(r)], list(c), weights=(1.0,)))
+    matched = _overlap(c, r)
+    if matched == 0:  # nltk: no unigram match -> 0
+        return 0.0
+    bp = 1 if c_len > r_len else math.exp(1 - r_len / c_len)  # nltk.brevity_penalty
+    return float(bp * math.exp(math.fsum([1.0 * math.log(matched / c_len)])))
 
 
 def rouge1(candidate: str, reference: str, stem: bool = False) -> float:
-    """ROUGE-1 F-measure of ``candidate`` against ``reference`` (rouge-score)."""
-    return float(_scorer(stem).score(reference or "", candidate or "")["rouge1"].fmeasure)
+    """ROUGE-1 F-measure of ``candidate`` against ``reference`` (rouge-score's ``_score_ngrams``)."""
+    c, r = _counts(candidate or "", stem), _counts(reference or "", stem)
+    matched = _overlap(c, r)
+    precision = matched / max(sum(c.values()), 1)
+    recall = matched / max(sum(r.values()), 1)
+    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
 
 
 def lexical_scores(candidates: Sequence[str], references: Sequence[str],

@@ -16,7 +16,9 @@ the client sends the image again.
 A result image that is a pure function of the source image and the result's ``data`` (a mask
 overlay, boxes drawn) names its ``data["image_recipe"]``; for clients that ask
 (``derived_ok``), the server sends ``{"derived": recipe}`` instead of pixels and the client redraws
-it from the image it already holds, with the same function, so the pixels are identical.
+it from the image it already holds, with the same function, so the pixels are identical. The
+redraw is a :class:`LazyImage`: drawn on first pixel access, so a caller that never looks at the
+overlay (a text policy, a log) never pays for it.
 
 >>> from PIL import Image
 >>> im = Image.new("RGB", (3, 2), (10, 20, 30))
@@ -233,14 +235,80 @@ def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str
 RECIPES = ("mask_overlay", "boxes")
 
 
+class LazyImage(Image.Image):
+    """A PIL image whose pixels come from ``draw()`` on first access (any method that reads them).
+
+    Size and mode are known without drawing; ``draw`` runs at most once and must return an image
+    of that size and mode. Copies, crops and pickles are ordinary images.
+
+    >>> calls = []
+    >>> lazy = LazyImage(lambda: calls.append(1) or Image.new("RGB", (4, 2), (9, 8, 7)), (4, 2))
+    >>> lazy.size, lazy.mode, calls
+    ((4, 2), 'RGB', [])
+    >>> lazy.getpixel((0, 0)), lazy.tobytes() == Image.new("RGB", (4, 2), (9, 8, 7)).tobytes(), calls
+    ((9, 8, 7), True, [1])
+    """
+
+    def __init__(self, draw, size: tuple[int, int], mode: str = "RGB") -> None:
+        super().__init__()
+        self._size = (int(size[0]), int(size[1]))
+        self._mode = mode
+        self._draw = draw
+        self._draw_lock = threading.Lock()
+
+    @property
+    def drawn(self) -> bool:
+        return self._im is not None
+
+    @property
+    def im(self):
+        if self._im is None:
+            with self._draw_lock:
+                if self._im is None:
+                    image = self._draw()
+                    if image.size != self._size or image.mode != self._mode:
+                        raise ValueError(f"expected a drawn {self._mode} image of {self._size}, "
+                                         f"got {image.mode} {image.size}")
+                    image.load()
+                    self._im, self._draw = image.im, None
+        return super().im
+
+    @im.setter
+    def im(self, value) -> None:
+        self._im = value
+
+    def load(self):
+        self.im  # noqa: B018  (draw now)
+        return super().load()
+
+    def __eq__(self, other: object) -> bool:  # Image.__eq__ demands the same class
+        if not isinstance(other, Image.Image):
+            return False
+        return (self.mode, self.size, self.tobytes()) == (other.mode, other.size, other.tobytes())
+
+    __hash__ = None  # type: ignore[assignment]  (as for any PIL image)
+
+    def __getstate__(self):
+        self.load()
+        return super().__getstate__()
+
+    def __setstate__(self, state) -> None:
+        self._draw, self._draw_lock = None, threading.Lock()
+        super().__setstate__(state)
+
+
 def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> Image.Image:
-    """Redraw a derived result image (see the module docstring)."""
+    """A derived result image (see the module docstring), drawn when its pixels are first read."""
     from tool_backends.masks import draw_boxes, overlay_mask, rle_to_mask
 
     if recipe == "mask_overlay":
-        return overlay_mask(source, rle_to_mask(data["mask_rle"]))
+        rle = data["mask_rle"]
+        if not isinstance(rle, Mapping) or list(rle.get("size", ())) != [source.size[1], source.size[0]]:
+            raise WireError(f"a mask overlay needs a mask of the source image's size {source.size}")
+        return LazyImage(lambda: overlay_mask(source, rle_to_mask(rle)), source.size)
     if recipe == "boxes":
-        return draw_boxes(source, data["boxes"])
+        boxes = data["boxes"]
+        return LazyImage(lambda: draw_boxes(source, boxes), source.size)
     raise WireError(f"expected an image recipe in {list(RECIPES)}, got {recipe!r}")
 
 

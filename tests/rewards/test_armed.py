@@ -134,6 +134,7 @@ def test_encoder_cache_smaller_than_a_batch(minilm):
 
     tiny = TokenEncoder(cache_size=2)
     tiny._model, tiny._tokenizer = minilm._model, minilm._tokenizer   # reuse the loaded weights
+    tiny._packed, tiny._special = minilm._packed, minilm._special
     tiny._max_length, tiny._pooled_is_sentence = minilm._max_length, minilm._pooled_is_sentence
     texts = ["liver", "spleen", "kidney", "liver", "aorta"]
     out = tiny.encode(texts)

@@ -37,3 +37,37 @@ def test_batch_matches_single_calls():
     assert r == [rouge1(c, x) for c, x in zip(cands, refs)]
     with pytest.raises(ValueError, match="as many candidates"):
         lexical_scores(["a"], [])
+
+
+def _answer_pairs(n: int = 400):
+    """Pairs of real open answers (VQA-RAD when present) plus edge cases: repeats, punctuation, empty."""
+    import random
+    from pathlib import Path
+
+    from rewards.validity import load_open_answers
+
+    root = Path(__file__).resolve().parents[3] / "shared" / "data" / "vqa_rad"
+    answers = [a for _, a in load_open_answers(root, None)] if (root / "qa.jsonl").is_file() else []
+    answers += ["left lower lobe", "the left lower lobe", "liver liver", "Left-lower lobe,", "3cm mass", "t2",
+                "", " ", "!!", "no", "right kidney", "mass in the pancreas", "pancreas mass mass"]
+    rng = random.Random(0)
+    pairs = [(rng.choice(answers), rng.choice(answers)) for _ in range(n)]
+    pairs += [(" ".join(rng.sample(answers, 3)), rng.choice(answers)) for _ in range(n // 4)]
+    return pairs + [(a, a) for a in answers[:50]]
+
+
+@pytest.mark.parametrize("stem", [False, True])
+def test_equal_to_nltk_and_rouge_score_bit_for_bit(stem):
+    import warnings
+
+    from nltk.translate.bleu_score import sentence_bleu
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=stem)
+    for cand, ref in _answer_pairs():
+        c, r = list(tokenize(cand, stem)), list(tokenize(ref, stem))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected_bleu = float(sentence_bleu([r], c, weights=(1.0,))) if c and r else 0.0
+        assert bleu1(cand, ref, stem) == expected_bleu, (cand, ref)
+        assert rouge1(cand, ref, stem) == scorer.score(ref, cand)["rouge1"].fmeasure, (cand, ref)

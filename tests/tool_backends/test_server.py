@@ -8,6 +8,7 @@ import json
 import pickle
 
 import httpx
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -234,5 +235,18 @@ def test_derived_result_images_travel_as_recipes(http, server, token_env, scene)
     args = {"bbox": [30, 40, 70, 80]}
     a, b = (c.call("segment", [scene.image], args, ToolContext(annotations=scene.record.annotations))
             for c in (client, plain))
-    assert a.images[0].tobytes() == b.images[0].tobytes() and a.data == b.data
+    assert not a.images[0].drawn and a.images[0].size == scene.image.size  # redrawn only when read
+    assert a.images[0].tobytes() == b.images[0].tobytes() and a.data == b.data and a.images[0].drawn
+    again = client.call("segment", [scene.image], args, ToolContext(annotations=scene.record.annotations))
+    copy = pickle.loads(pickle.dumps(again.images[0]))  # Ray ships observations: a pickle holds the pixels
+    assert copy.tobytes() == b.images[0].tobytes() and np.array_equal(np.asarray(again.images[0]), np.asarray(b.images[0]))
     client.close(), plain.close()
+
+
+def test_a_derived_image_with_a_mask_of_the_wrong_size_is_refused(scene):
+    from tool_backends.wire import WireError, result_from_wire
+
+    payload = {"text": "ok", "data": {"image_index": 0, "mask_rle": {"size": [3, 3], "counts": [9]}},
+               "images": [{"derived": "mask_overlay"}]}
+    with pytest.raises(WireError, match="mask of the source image's size"):
+        result_from_wire(payload, images_sent=[scene.image])

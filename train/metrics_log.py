@@ -138,6 +138,8 @@ def flatten_hparams(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
 
 
 def _start_wandb(out: Path, project: str, config: Mapping[str, Any]):
+    import uuid
+
     from medvqa_env.errors import ConfigError
 
     try:
@@ -146,7 +148,7 @@ def _start_wandb(out: Path, project: str, config: Mapping[str, Any]):
         raise ConfigError("--report-to wandb needs the wandb package: pip install 'medvqa-gym[wandb]' "
                           "(or drop --report-to)") from None
     id_file = out / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
     id_file.write_text(run_id)
     return wandb.init(project=project, id=run_id, resume="allow", dir=str(out), name=out.name,
                       config=dict(config))

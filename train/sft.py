@@ -1,6 +1,8 @@
 """SFT warm start on gold trajectories (seed 000 §3.1), built by playing the env with a script.
 
     python -m train.sft --policy smollm2 --steps 20 --out runs/sft
+    python -m train.sft --policy Qwen/Qwen2.5-VL-3B-Instruct --device cuda --dtype bfloat16 \
+        --tools image_zoom_in,segment=classical --dataset vqa_rad --dataset-opt root=/data/vqa_rad
 
 A gold trajectory is what a competent agent would do: one tool call chosen from the question and
 the available tools (:func:`gold_tool_call`), the env's real tool output, then the gold answer
@@ -12,8 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,9 +28,12 @@ from medvqa_env.datasets import load_dataset
 from medvqa_env.records import VQARecord
 from train.algorithms import sft_loss
 from train.batching import from_trajectory, micro_batches, pad_batch, response_logprobs
-from train.common import (SHORT_SYSTEM_PROMPT, build_policy, count_trainable, env_kwargs, evaluate_heldout,
-                          parse_args, save_policy, select_indices)
-from train.env_pool import LocalEnvPool
+from medvqa_env.cli import run_cli
+from medvqa_env.config import parse_options
+from medvqa_env.errors import ConfigError
+from train.common import (build_policy, count_trainable, evaluate_heldout, parse_args, run_env_kwargs, save_policy,
+                          select_indices, system_prompt_of, write_run_record)
+from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger
 from train.rollout import ScriptedGenerator, collect_rollouts
 
@@ -42,24 +48,40 @@ class Args:
     """output folder (metrics.jsonl, final/)"""
     seed: int = 0
     """seed for sampling questions"""
-    policy: str = "smollm2"
-    """model to fine-tune (see agents.models.load_policy)"""
-    system_prompt: str | None = SHORT_SYSTEM_PROMPT
-    """system prompt (must match the one GRPO uses)"""
+    policy: str = "Qwen/Qwen2.5-VL-3B-Instruct"
+    """model to fine-tune: an HF folder, a Hub id, ``smollm2`` or ``tiny-qwen2-vl`` (see agents.models)"""
+    device: str = "auto"
+    """``auto`` (CUDA when visible), ``cpu``, ``cuda`` or ``cuda:N``"""
+    dtype: str = "float32"
+    """``float32``, ``bfloat16`` or ``float16``"""
+    system_prompt: str | None = None
+    """replaces the env's system prompt (default: the env's); saved with the model, so GRPO and eval use it"""
+    demo_prompt: bool = False
+    """the CPU demo's short prompt (tells a blind model to call ``ground``)"""
     train_layers: int = 0
     """train only the top k decoder blocks (0 = all)"""
     lora_rank: int = 0
     """LoRA rank (0 = no LoRA)"""
     dataset: str = "embedded"
     """dataset name"""
+    dataset_opt: list[str] = field(default_factory=list)
+    """loader option ``key=value`` (repeatable), e.g. ``root=/data/vqa_rad``"""
     split: str = "train"
     """split to build gold trajectories from"""
     eval_split: str = "test"
     """held-out split"""
     answer_types: str = "CLOSED,MCQ"
     """question types to use"""
-    tools: str = "ground=oracle"
-    """tools as name[=engine],..."""
+    tools: str | None = None
+    """tools: ``a,b=engine,c=http://host:port``, JSON, a config file, ``none``; default: the env's"""
+    tool_opt: list[str] = field(default_factory=list)
+    """tool option ``tool.key=value`` (repeatable)"""
+    reward: str | None = None
+    """the env's reward (see train.grpo --reward); only logged here"""
+    reward_opt: list[str] = field(default_factory=list)
+    """reward option ``key=value`` (repeatable)"""
+    answer_protocol: str = "boxed"
+    """the env's answer protocol; the gold trajectories are written with ``\\boxed{}``, so only ``boxed``"""
     tool_share: float = 1.0
     """share of gold trajectories that use a tool (the rest answer directly; < 1 leaves RL a choice)"""
     max_turns: int = 1
@@ -122,22 +144,24 @@ def main(args: Args) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
 
     # ---- data and envs --------------------------------------------------------------------
-    kwargs = env_kwargs(args.dataset, args.split, args.tools, args.max_turns)
-    dataset = load_dataset(args.dataset, split=args.split)
-    train_idx = select_indices(args.dataset, args.split, args.answer_types)
-    eval_idx = select_indices(args.dataset, args.eval_split, args.answer_types, limit=args.eval_size)
-    pool = LocalEnvPool(kwargs, size=args.batch_size)
-    eval_pool = LocalEnvPool(env_kwargs(args.dataset, args.eval_split, args.tools, args.max_turns),
-                             size=min(32, len(eval_idx)))
+    if args.answer_protocol != "boxed":
+        raise ConfigError(f"expected --answer-protocol boxed (gold answers are \\boxed{{}}), got {args.answer_protocol!r}")
+    record = write_run_record(out, args, resumed_at=None)
+    options = parse_options(args.dataset_opt, "--dataset-opt")
+    dataset = load_dataset(args.dataset, split=args.split, **options)
+    train_idx = select_indices(args.dataset, args.split, args.answer_types, dataset_options=options)
+    eval_idx = select_indices(args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
+                              dataset_options=options)
+    pool = EnvPool(run_env_kwargs(args, args.split), size=args.batch_size)
+    eval_pool = EnvPool(run_env_kwargs(args, args.eval_split), size=min(32, len(eval_idx)))
 
     # ---- policy ---------------------------------------------------------------------------
-    model, encoder, kind, _ = build_policy(args.policy, args.system_prompt, args.train_layers, args.lora_rank,
-                                           args.seed, need_reference=False)
+    model, encoder, kind, _ = build_policy(args.policy, system_prompt_of(args), args.train_layers, args.lora_rank,
+                                           args.seed, need_reference=False, device=args.device, dtype=args.dtype)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
-    script = ScriptedGenerator(encoder, gold_script(dataset, list(pool.envs[0].toolbox.names), args.tool_share,
+    script = ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, args.tool_share,
                                                       args.seed))
-    logger = MetricsLogger(out, tensorboard=args.tensorboard)
-    (out / "args.json").write_text(json.dumps(asdict(args), indent=1))
+    logger = MetricsLogger(out, tensorboard=args.tensorboard, hparams=record)
     trainable, total = count_trainable(model)
     print(f"SFT {args.policy} ({kind}): {trainable:,} of {total:,} parameters train")
     logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
@@ -166,7 +190,8 @@ def main(args: Args) -> dict[str, float]:
         logger.log(step + 1, metrics)
         print(f"sft step {step + 1}/{args.steps} loss {total_loss:.3f} ({metrics['time/wall_s']:.0f}s)", flush=True)
 
-    save_policy(model, encoder, out / "final")
+    save_policy(model, encoder, out / "final", {**record, "base_model": record["resolved"]["base_model"],
+                                                "kind": kind, "step": args.steps})
     logger.close()
     pool.close()
     eval_pool.close()
@@ -174,4 +199,5 @@ def main(args: Args) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main(parse_args(Args))
+    _args = parse_args(Args, prog="python -m train.sft")
+    sys.exit(run_cli("python -m train.sft", lambda: main(_args)))

@@ -75,3 +75,37 @@ def test_cli_runs_in_process_and_writes_reports(tmp_path, manifest, capsys):
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 4 and "Tool use" in html
     assert json.loads((out / "summary.json").read_text())["n_episodes"] == 6
+
+
+def test_run_json_is_truthful(tmp_path):
+    """run.json said split 'test' for a train split and tools null; now: the records' split, the
+    resolved tool config, the package version and the git commit."""
+    from eval.runner import EvalConfig, evaluate
+    from eval.scripted import ScriptedAgent
+    from medvqa_env.datasets import load_dataset
+
+    train = load_dataset("embedded", split="train")
+    config = EvalConfig(limit=2, workers=0, tools="image_zoom_in,segment=classical", open_metrics=False,
+                        progress=False, bootstrap=0)
+    evaluate(ScriptedAgent(), train, config, out_dir=tmp_path / "a")
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["split"] == "train"
+    assert run["tools"] == {"image_zoom_in": {"backend": "local"}, "segment": {"backend": "local", "engine": "classical"}}
+    assert run["provenance"]["package_version"] and "git_commit" in run["provenance"]
+
+
+def test_compare_ranks_runs_and_warns_when_they_differ(tmp_path, capsys):
+    from eval.compare import main
+    from eval.runner import EvalConfig, evaluate
+    from eval.scripted import ScriptedAgent
+    from medvqa_env.datasets import load_dataset
+
+    test = load_dataset("embedded", split="test")
+    for name, limit, agent in (("small", 2, ScriptedAgent(zoom=False)), ("big", 4, ScriptedAgent())):
+        evaluate(agent, test, EvalConfig(limit=limit, workers=0, tools=[], open_metrics=False, progress=False,
+                                         bootstrap=0), out_dir=tmp_path / name)
+    assert main([str(tmp_path / "small"), str(tmp_path / "big"), "--rank"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: runs differ in limit" in captured.err and "questions: small=2, big=4" in captured.err
+    rows = [line for line in captured.out.splitlines() if line.startswith("| small") or line.startswith("| big")]
+    assert len(rows) == 2

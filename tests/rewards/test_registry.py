@@ -45,8 +45,10 @@ def test_unknown_names_are_helpful(name, message):
 
 
 def test_bad_options_are_config_errors():
-    with pytest.raises(ConfigError, match="bad options for reward 'rule'"):
+    with pytest.raises(ConfigError, match="reward 'rule' has no option 'colour'"):
         build_reward("rule", colour="red")
+    with pytest.raises(ConfigError, match="Did you mean 'correct'"):
+        build_reward("rule:corect=2")
     with pytest.raises(ConfigError, match="bad tool_shaping options"):
         build_reward("rule+tools", tool_shaping={"colour": 1})
     with pytest.raises(ConfigError, match="no '\\+tools' suffix"):
@@ -64,3 +66,14 @@ def test_env_with_string_reward_scores_and_pickles():
     _, reward, terminated, _, info = clone.step(r"\boxed{" + clone.record.answer + "}")
     assert terminated and info["correct"] is True and reward > 0.9
     assert "tools/used" in info["reward_components"]
+
+
+def test_build_reward_is_exported_and_string_answer_types_are_scored():
+    """``from rewards import build_reward`` failed, and answer_type="CLOSED" (a plain string, as
+    JSON gives it) was silently unscored ([None])."""
+    from rewards import RewardInput, build_reward
+
+    reward = build_reward("default")
+    out = reward([RewardInput(completion="\\boxed{yes}", answer="yes", ground_truth="yes", answer_type="CLOSED"),
+                  RewardInput(completion="\\boxed{B}", answer="B", ground_truth="A", answer_type="mcq")])
+    assert [o.total for o in out] == [1.0, -1.0]

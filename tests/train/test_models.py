@@ -85,3 +85,55 @@ def test_smollm2_from_gguf_is_cached_as_safetensors():
     inputs = model_inputs(enc, _conversation(with_crop=False))
     out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > inputs["input_ids"].shape[1]
+
+
+# ---- devices, dtypes, Hub ids, missing folders (issue 11) ------------------------------------
+def test_device_and_dtype_resolution():
+    from agents.models import resolve_device, resolve_dtype
+
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("float16") is torch.float16
+    assert resolve_dtype(torch.float32) is torch.float32
+    with pytest.raises(ConfigError, match="Did you mean 'bfloat16'"):
+        resolve_dtype("bfloat61")
+    # the CUDA branch's logic, without a GPU: auto picks CUDA when one is visible, cuda demands one
+    assert resolve_device("auto", cuda_available=True) == "cuda"
+    assert resolve_device("auto", cuda_available=False) == "cpu"
+    assert resolve_device("cuda:1", cuda_available=True) == "cuda:1"
+    with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+        resolve_device("cuda", cuda_available=False)
+    with pytest.raises(ConfigError, match="expected device"):
+        resolve_device("gpu0", cuda_available=True)
+
+
+def test_model_agents_take_dtype_strings_as_the_command_line_gives_them():
+    """``eval.run --agent vlm --agent-opt dtype=bfloat16`` used to die on 'Invalid device string'."""
+    from agents.registry import build_agent
+
+    agent = build_agent("vlm", model="tiny-qwen2-vl", dtype="bfloat16", device="auto", max_new_tokens=3,
+                        temperature=0)
+    assert agent.model.dtype is torch.bfloat16 and agent.config()["dtype"] == "bfloat16"
+    out = agent.act_batch([_conversation(with_crop=True)])
+    assert len(out) == 1 and isinstance(out[0], str)
+    agent.close()
+
+
+def test_hub_ids_and_missing_folders_get_clear_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="not a local folder, and as a Hugging Face Hub id.*HF_HUB_OFFLINE=1"):
+        load_policy("Qwen/Qwen2.5-VL-3B-Instruct")
+    with pytest.raises(ConfigError, match="model folder .* does not exist"):
+        load_policy(str(tmp_path / "runs" / "grpo" / "final"))
+    with pytest.raises(ConfigError, match="model folder './nope' does not exist"):
+        load_policy("./nope")
+
+
+def test_a_saved_system_prompt_travels_with_the_checkpoint(tmp_path):
+    from train.checkpoint import save_model_folder
+
+    model, enc, _ = load_policy("tiny-qwen2-vl")
+    enc.system_prompt = "Call ground, then answer."
+    save_model_folder(model, enc, tmp_path / "m", {"step": 3})
+    _, again, _ = load_policy(tmp_path / "m")
+    assert again.system_prompt == "Call ground, then answer."
+    _, override, _ = load_policy(tmp_path / "m", system_prompt="mine")
+    assert override.system_prompt == "mine"

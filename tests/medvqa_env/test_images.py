@@ -74,3 +74,47 @@ def test_env_reset_on_a_corrupt_image_raises_dataset_error_and_env_survives(tmp_
         env.reset(options={"index": 1})
     env.reset(options={"index": 0})
     assert env.step(r"\boxed{yes}")[1] == 1.0
+
+
+# ---- issue 12: every pixel mode, clear messages --------------------------------------------
+def test_16bit_greyscale_png_is_windowed_not_clipped(tmp_path):
+    """Pillow's convert("RGB") clips a 16-bit PNG at 255: a CT-like ramp became almost all white."""
+    ramp = np.linspace(0, 4095 * 16, 64 * 48).reshape(48, 64).astype(np.uint16)
+    p = tmp_path / "xr16.png"
+    Image.fromarray(ramp).save(p)
+    out = np.asarray(load_image(p, "r16"))[..., 0].astype(int)
+    assert (out == 255).mean() < 0.02 and (out == 0).mean() < 0.02
+    assert np.all(np.diff(out.ravel()) >= 0) and out.max() - out.min() == 255  # order and full range kept
+
+
+def test_float_and_32bit_images_keep_their_contrast(tmp_path):
+    values = np.linspace(-1000.0, 1000.0, 32 * 32).reshape(32, 32)
+    for name, arr in [("f.tif", values.astype(np.float32)), ("i.tif", values.astype(np.int32))]:
+        Image.fromarray(arr).save(tmp_path / name)
+        out = np.asarray(load_image(tmp_path / name, "rf"))[..., 0].astype(int)
+        assert out[0, 0] == 0 and out[-1, -1] == 255 and 100 < out[16, 16] < 155, name
+
+
+def test_window_fragment_on_a_16bit_png(tmp_path):
+    values = np.array([[0, 1000, 2000, 3000]], dtype=np.uint16).repeat(4, 0)
+    p = tmp_path / "w.png"
+    Image.fromarray(values).save(p)
+    assert np.asarray(load_image(f"{p}#window=1500,3000", "rw"))[0, :, 0].tolist() == [0, 85, 170, 255]
+    assert np.asarray(load_image(f"{p}#window=1500,1000", "rw"))[0, :, 0].tolist() == [0, 0, 255, 255]
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    with pytest.raises(DatasetError, match="rec_d.*is a directory, not an image file"):
+        load_image(tmp_path, "rec_d")
+
+
+def test_messages_hold_no_python_object_reprs_and_one_pixel_limit(tmp_path):
+    p = tmp_path / "junk.png"
+    p.write_bytes(b"\x00junk" * 50)
+    with pytest.raises(DatasetError) as err:
+        load_image(p, "rec_j")
+    assert "object at 0x" not in str(err.value)
+    with pytest.raises(DatasetError) as err:
+        decode_image(bomb_png(), "bomb.png")
+    limits = {int(n) for n in __import__("re").findall(r"\d{6,}", str(err.value))}
+    assert limits == {64_000_000}, str(err.value)

@@ -1,0 +1,391 @@
+"""Medical image formats -> the 2-D pixel array a record's image shows, before windowing.
+
+DICOM (pydicom: rescale slope/intercept, the file's window, MONOCHROME1, multi-frame) and NIfTI
+(nibabel: one slice of a volume, in a fixed orientation), imported lazily from the ``medical``
+extra. :mod:`medvqa_env.images` turns the array into the 8-bit RGB picture the agent sees with
+:func:`window_to_uint8`.
+
+A record says which slice and which window through a fragment on its image path::
+
+    ct/case3.dcm#window=40,400          mr/brain.nii.gz#slice=80&axis=coronal
+    xr/chest16.png#window=auto          stack.tif#slice=2&invert=1
+
+>>> split_image_ref("mr/brain.nii.gz#slice=80&axis=coronal&window=40,400")
+('mr/brain.nii.gz', ImageOptions(slice=80, axis=1, volume=0, window=(40.0, 400.0), invert=None))
+>>> image_ref("ct.dcm", window=(40, 400))
+'ct.dcm#window=40,400'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import importlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medvqa_env.errors import DatasetError
+
+MAX_VOLUME_BYTES = 1 << 30
+"""A DICOM's or NIfTI's decoded pixels may take at most this much memory (1 GiB)."""
+
+AXES = {"sagittal": 0, "coronal": 1, "axial": 2, "0": 0, "1": 1, "2": 2}
+WINDOW_WORDS = ("file", "auto", "minmax")
+AUTO_PERCENTILES = (0.5, 99.5)
+DICOM_SUFFIXES = (".dcm", ".dicom")
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+Window = "tuple[float, float] | str | None"
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How to turn a file into a 2-D picture; parsed from the path fragment (module docstring).
+
+    ``slice``: NIfTI slice along ``axis`` (default the middle one), or the frame of a multi-frame
+    DICOM / page of a multi-page TIFF (default 0); negative counts from the end. ``axis``: 0
+    sagittal, 1 coronal, 2 axial, of the volume reoriented to the closest canonical (RAS+)
+    orientation. ``volume``: the volume of a 4-D NIfTI. ``window``: ``(centre, width)`` in the
+    file's rescaled units (Hounsfield for CT), ``"file"`` (the DICOM's own), ``"auto"`` (the
+    0.5-99.5 percentiles) or ``"minmax"``; ``None`` is the format's default (the DICOM's own window
+    when it has one, else ``"auto"``; 8-bit images are not windowed). ``invert``: ``None`` inverts
+    MONOCHROME1 DICOMs only.
+    """
+
+    slice: int | None = None
+    axis: int = 2
+    volume: int = 0
+    window: Any = None
+    invert: bool | None = None
+
+
+def _parse_window(value: str) -> tuple[float, float] | str:
+    if value in WINDOW_WORDS:
+        return value
+    parts = value.split(",")
+    try:
+        centre, width = (float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"expected window=centre,width (e.g. 40,400) or one of {list(WINDOW_WORDS)}, "
+                         f"got {value!r}") from None
+    if not (np.isfinite(centre) and np.isfinite(width)) or width <= 0:
+        raise ValueError(f"expected a finite window centre and a width > 0, got {value!r}")
+    return centre, width
+
+
+def parse_options(fragment: str) -> ImageOptions:
+    """``"slice=3&window=40,400"`` -> :class:`ImageOptions`; a bad key or value -> ValueError."""
+    fields: dict[str, Any] = {}
+    for part in filter(None, fragment.split("&")):
+        key, sep, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or not value:
+            raise ValueError(f"expected key=value in the image path fragment, got {part!r}")
+        try:
+            if key in ("slice", "volume"):
+                fields[key] = int(value)
+            elif key == "axis":
+                if value.lower() not in AXES:
+                    raise ValueError(f"expected axis in {sorted(k for k in AXES if not k.isdigit())} or 0/1/2, "
+                                     f"got {value!r}")
+                fields[key] = AXES[value.lower()]
+            elif key == "window":
+                fields[key] = _parse_window(value.lower())
+            elif key == "invert":
+                if value.lower() not in ("0", "1", "true", "false"):
+                    raise ValueError(f"expected invert=1 or invert=0, got {value!r}")
+                fields[key] = value.lower() in ("1", "true")
+            else:
+                raise ValueError(f"unknown image option {key!r}; known: ['axis', 'invert', 'slice', 'volume', "
+                                 "'window']")
+        except ValueError as e:
+            if "invalid literal" in str(e):
+                raise ValueError(f"expected an integer for {key}, got {value!r}") from None
+            raise
+    if fields.get("volume", 0) < 0:
+        raise ValueError(f"expected volume >= 0, got {fields['volume']}")
+    return ImageOptions(**fields)
+
+
+def split_image_ref(path: str | Path) -> tuple[str, ImageOptions]:
+    """``"file#key=value&..."`` -> (file, options). A path that names an existing file as a whole
+    is never split, so a ``#`` inside a real file name still works."""
+    text = str(path)
+    if "#" not in text or Path(text).exists():
+        return text, ImageOptions()
+    file, _, fragment = text.rpartition("#")
+    return file, parse_options(fragment)
+
+
+def image_ref(path: str | Path, *, slice: int | None = None, axis: str | int | None = None,
+              volume: int | None = None, window: tuple[float, float] | str | None = None,
+              invert: bool | None = None) -> str:
+    """Build the path-with-fragment a record stores (the inverse of :func:`split_image_ref`)."""
+    parts = []
+    if slice is not None:
+        parts.append(f"slice={int(slice)}")
+    if axis is not None:
+        parts.append(f"axis={axis}")
+    if volume is not None:
+        parts.append(f"volume={int(volume)}")
+    if window is not None:
+        parts.append("window=" + (window if isinstance(window, str) else f"{window[0]:g},{window[1]:g}"))
+    if invert is not None:
+        parts.append(f"invert={int(bool(invert))}")
+    ref = str(path) + ("#" + "&".join(parts) if parts else "")
+    split_image_ref(ref)  # validates
+    return ref
+
+
+# ----------------------------------------------------------------------------------------------
+# Format detection and the optional packages.
+# ----------------------------------------------------------------------------------------------
+def sniff_format(data: bytes, name: str = "") -> str:
+    """``"dicom"``, ``"nifti"`` or ``"other"`` (left to Pillow), from magic bytes or the name."""
+    lower = name.lower()
+    if data[128:132] == b"DICM" or lower.endswith(DICOM_SUFFIXES):
+        return "dicom"
+    if lower.endswith(NIFTI_SUFFIXES) or _nifti_magic(data):
+        return "nifti"
+    if data[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                head = f.read(548)
+        except (OSError, EOFError):
+            return "other"
+        if _nifti_magic(head):
+            return "nifti"
+    return "other"
+
+
+def _nifti_magic(head: bytes) -> bool:
+    return head[344:348] in (b"n+1\x00", b"ni1\x00") or head[4:8] == b"n+2\x00"
+
+
+def _optional(module: str, where: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DatasetError(f"{where} needs the {module!r} package to be read: "
+                           "pip install 'medvqa-gym[medical]'") from None
+
+
+def _pick(index: int | None, n: int, default: int, what: str, where: str) -> int:
+    i = default if index is None else index
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise DatasetError(f"{where}: {what} {index} is out of range: the file has {what}s 0..{n - 1}")
+    return i
+
+
+# ----------------------------------------------------------------------------------------------
+# DICOM
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Pixels:
+    """A decoded picture before windowing: ``array`` is 2-D (greyscale, the file's units after the
+    rescale) or HxWx3 ``uint8`` (colour); ``window`` the file's own; ``invert`` MONOCHROME1."""
+
+    array: np.ndarray
+    window: tuple[float, float] | None = None
+    invert: bool = False
+
+
+def _first_number(value) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        if not isinstance(value, (int, float, str)) and hasattr(value, "__len__"):
+            value = value[0]
+        return float(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) -> Pixels:
+    """One frame of a DICOM: modality rescale (slope/intercept), the file's window, MONOCHROME1."""
+    pydicom = _optional("pydicom", where)
+    try:
+        ds = pydicom.dcmread(io.BytesIO(data), force=True)
+        has_pixels = any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData"))
+        rows, cols = (int(ds.Rows), int(ds.Columns)) if has_pixels else (0, 0)
+    except Exception as e:  # pydicom raises many types on garbage
+        raise DatasetError(f"{where} is not a readable DICOM image: {type(e).__name__}: {e}") from None
+    if not has_pixels or not rows or not cols:
+        raise DatasetError(f"{where} is a DICOM without an image (modality {ds.get('Modality')!r}, no pixel data)")
+    frames = int(_first_number(ds.get("NumberOfFrames", 1)) or 1)
+    samples = int(ds.get("SamplesPerPixel", 1) or 1)
+    if rows * cols > max_pixels:
+        raise DatasetError(f"{where} has {cols}x{rows} pixels, over the limit of {max_pixels}")
+    if frames * rows * cols * samples * 8 > MAX_VOLUME_BYTES:
+        raise DatasetError(f"{where} holds {frames} frames of {cols}x{rows}: over the {MAX_VOLUME_BYTES >> 20} MiB "
+                           "limit for one file")
+    frame = _pick(options.slice, frames, 0, "frame", where)
+    try:
+        arr = np.asarray(ds.pixel_array)
+    except Exception as e:
+        syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+        name = getattr(syntax, "name", syntax)
+        raise DatasetError(f"{where}: cannot decode its pixel data (transfer syntax {name}): "
+                           f"{type(e).__name__}: {e}") from None
+    if frames > 1:
+        arr = arr[frame]
+    photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
+    if photometric == "PALETTE COLOR":
+        arr = _apply_palette(pydicom, arr, ds, where)
+    if samples == 3 or arr.ndim == 3:
+        if arr.dtype != np.uint8:
+            bits = int(ds.get("BitsStored", 8) or 8)
+            arr = np.clip(arr.astype(np.float64) / (2 ** bits - 1) * 255, 0, 255).round().astype(np.uint8)
+        return Pixels(arr)
+    slope = _first_number(ds.get("RescaleSlope"))
+    intercept = _first_number(ds.get("RescaleIntercept"))
+    out = arr.astype(np.float64)
+    if slope is not None and slope != 0:
+        out *= slope
+    if intercept:
+        out += intercept
+    centre, width = _first_number(ds.get("WindowCenter")), _first_number(ds.get("WindowWidth"))
+    window = (centre, width) if centre is not None and width is not None and width > 0 else None
+    return Pixels(out, window=window, invert=photometric == "MONOCHROME1")
+
+
+def _apply_palette(pydicom, arr: np.ndarray, ds, where: str) -> np.ndarray:
+    try:
+        try:
+            from pydicom.pixels import apply_color_lut
+        except ImportError:  # pydicom < 3
+            from pydicom.pixel_data_handlers.util import apply_color_lut
+        rgb = np.asarray(apply_color_lut(arr, ds))
+    except Exception as e:
+        raise DatasetError(f"{where}: cannot apply its colour palette: {type(e).__name__}: {e}") from None
+    top = 65535.0 if rgb.dtype.itemsize > 1 else 255.0
+    return np.clip(rgb.astype(np.float64) / top * 255, 0, 255).round().astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------
+# NIfTI
+# ----------------------------------------------------------------------------------------------
+def _gunzip(data: bytes, where: str) -> bytes:
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            raw = f.read(MAX_VOLUME_BYTES + 1)
+    except (OSError, EOFError, ValueError) as e:
+        raise DatasetError(f"{where} is not a readable gzip-compressed NIfTI: {e}") from None
+    if len(raw) > MAX_VOLUME_BYTES:
+        raise DatasetError(f"{where} decompresses to over {MAX_VOLUME_BYTES >> 20} MiB")
+    return raw
+
+
+@contextlib.contextmanager
+def _quiet(logger):
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
+def read_nifti(data: bytes, options: ImageOptions, where: str, max_pixels: int) -> Pixels:
+    """One slice of a NIfTI volume, shown in radiological convention: the volume is reoriented to
+    RAS+ and the slice drawn with anterior / superior up and the patient's right on the left."""
+    nib = _optional("nibabel", where)
+    raw = _gunzip(data, where) if data[:2] == b"\x1f\x8b" else data
+    kind = nib.Nifti2Image if raw[4:8] == b"n+2\x00" else nib.Nifti1Image
+    try:
+        with _quiet(nib.imageglobals.logger):  # nibabel logs header complaints to stderr
+            img = kind.from_bytes(raw)
+        shape = tuple(int(s) for s in img.shape)
+        ornt = nib.orientations.io_orientation(img.affine)
+    except Exception as e:
+        raise DatasetError(f"{where} is not a readable NIfTI image: {type(e).__name__}: {e}") from None
+    while len(shape) > 4 and shape[-1] == 1:
+        shape = shape[:-1]
+    if not 2 <= len(shape) <= 4:
+        raise DatasetError(f"{where} has shape {shape}; expected a 2-D image, a 3-D volume or a 4-D series")
+    itemsize = np.dtype(img.header.get_data_dtype()).itemsize
+    if int(np.prod(shape)) * max(itemsize, 4) > MAX_VOLUME_BYTES:
+        raise DatasetError(f"{where} has shape {shape}: over the {MAX_VOLUME_BYTES >> 20} MiB limit for one file")
+    shape3 = (shape + (1, 1))[:3]
+    # the stored axis that runs along the asked canonical axis; a single-slice image is its own slice
+    source_axis = 2 if shape3[2] == 1 else int(np.nonzero(ornt[:, 0] == options.axis)[0][0])
+    n = shape3[source_axis]
+    chosen = _pick(options.slice, n, n // 2, "slice", where)
+    index: list[Any] = [slice(None)] * 3
+    index[source_axis] = chosen if ornt[source_axis, 1] > 0 else n - 1 - chosen
+    others = [k for k in range(3) if k != source_axis]
+    if shape3[others[0]] * shape3[others[1]] > max_pixels:
+        raise DatasetError(f"{where}: a slice has {shape3[others[0]]}x{shape3[others[1]]} pixels, over the limit "
+                           f"of {max_pixels}")
+    volume = _pick(options.volume, shape[3], 0, "volume", where) if len(shape) == 4 else None
+    try:
+        if len(img.shape) == 2:
+            plane = np.asanyarray(img.dataobj).reshape(shape3)[tuple(index)]
+        else:  # slice the proxy: only this plane is read
+            full = tuple(index) + ((volume,) if volume is not None else ())
+            plane = np.asanyarray(img.dataobj[full + (0,) * (len(img.shape) - len(full))])
+    except Exception as e:
+        raise DatasetError(f"{where}: cannot read its voxel data: {type(e).__name__}: {e}") from None
+    plane = np.asarray(plane, dtype=np.float64)
+    for position, k in enumerate(others):  # make each remaining axis run the canonical way
+        if ornt[k, 1] < 0:
+            plane = np.flip(plane, position)
+    if ornt[others[0], 0] > ornt[others[1], 0]:
+        plane = plane.T
+    return Pixels(np.ascontiguousarray(plane.T[::-1, ::-1]))
+
+
+def read_medical(kind: str, data: bytes, options: ImageOptions, where: str, max_pixels: int) -> Pixels:
+    """Dispatch to :func:`read_dicom` or :func:`read_nifti`."""
+    reader = read_dicom if kind == "dicom" else read_nifti
+    return reader(data, options, where, max_pixels)
+
+
+# ----------------------------------------------------------------------------------------------
+# Windowing
+# ----------------------------------------------------------------------------------------------
+def resolve_window(array: np.ndarray, window: Any, file_window: tuple[float, float] | None) -> tuple[float, float]:
+    """The (low, high) values that map to black and white.
+
+    >>> resolve_window(np.arange(11.0), (5, 4), None)
+    (3.0, 7.0)
+    >>> resolve_window(np.arange(11.0), "minmax", None)
+    (0.0, 10.0)
+    """
+    finite = array[np.isfinite(array)]
+    if window is None:
+        window = file_window if file_window is not None else "auto"
+    if window == "file":
+        window = file_window if file_window is not None else "auto"
+    if isinstance(window, tuple):
+        centre, width = window
+        return centre - width / 2, centre + width / 2
+    if finite.size == 0:
+        return 0.0, 1.0
+    if window == "minmax":
+        return float(finite.min()), float(finite.max())
+    lo, hi = (float(v) for v in np.percentile(finite, AUTO_PERCENTILES))
+    if hi <= lo:
+        lo, hi = float(finite.min()), float(finite.max())
+    return lo, hi
+
+
+def window_to_uint8(array: np.ndarray, low: float, high: float) -> np.ndarray:
+    """Map ``[low, high]`` linearly to 0..255, clipping outside; non-finite values become 0.
+
+    >>> window_to_uint8(np.array([-10.0, 0.0, 5.0, 10.0, 99.0, np.nan]), 0.0, 10.0).tolist()
+    [0, 0, 128, 255, 255, 0]
+    """
+    a = np.asarray(array, dtype=np.float64)
+    if high <= low:
+        out = np.where(a > low, 255.0, 0.0)
+    else:
+        out = (a - low) * (255.0 / (high - low))
+    out = np.where(np.isfinite(out), out, 0.0)
+    return np.clip(np.round(out), 0, 255).astype(np.uint8)

@@ -40,10 +40,20 @@ def _tool_overlays(trace: Iterable[dict[str, Any]]):
                 continue
             if "mask_rle" in data:
                 yield "mask", data["mask_rle"]
-            if "region" in data:
+            if _is_box(data.get("region")):  # None when a tool looked at the whole image
                 yield "region", (data["region"], call["name"])
-            for box in data.get("boxes", ()):
+            for box in data.get("boxes") or ():
                 yield "box", box
+
+
+def _is_box(value: Any) -> bool:
+    """Whether ``value`` is a drawable [x0, y0, x1, y1] (tools' data may hold ``None`` or junk).
+
+    >>> _is_box([1, 2, 3, 4]), _is_box(None), _is_box([1, 2]), _is_box(["a", 2, 3, 4])
+    (True, False, False, False)
+    """
+    return (isinstance(value, (list, tuple)) and len(value) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value))
 
 
 def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: float = 1.0) -> Image.Image:
@@ -75,15 +85,16 @@ def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: fl
     font = _font(max(12, round(max(out.size) / 40)))
 
     def scaled(bbox) -> list[float]:
-        return [float(v) * scale for v in bbox]
+        x0, y0, x1, y1 = (float(v) * scale for v in bbox)
+        return [min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)]
 
     for bbox, name in regions:
         x0, y0, x1, y1 = scaled(bbox)
         draw.rectangle([x0, y0, x1, y1], outline=REGION, width=width)
         draw.text((x0 + 3, y0 + 2), name, fill=REGION, font=font)
     for box in boxes:
-        bbox = box.get("bbox")
-        if not bbox or len(bbox) != 4:
+        bbox = box.get("bbox") if isinstance(box, dict) else None
+        if not _is_box(bbox):
             continue
         x0, y0, x1, y1 = scaled(bbox)
         draw.rectangle([x0, y0, x1, y1], outline=GROUNDING, width=width)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -176,11 +177,44 @@ def _short(value: Any, limit: int = 60) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+ARGUMENT_ALIASES = {"bbox_2d": "bbox", "point_2d": "point", "img_idx": "image_index"}
+"""Argument names models already use -> ours: Qwen-VL's grounding keys (``bbox_2d``, ``point_2d``)
+and verl's / DeepEyes' ``image_zoom_in_tool`` (``bbox_2d``, ``img_idx``). An alias is accepted by
+any tool whose schema has the argument it stands for."""
+
+
+def canonical_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Rename aliased arguments (:data:`ARGUMENT_ALIASES`) and read a box or point written as a
+    JSON string (``"[1, 2, 3, 4]"``, as some models do) as the array it spells.
+
+    >>> spec = ToolSpec("t", "", {"type": "object", "properties": {"bbox": {"type": "array"}}})
+    >>> canonical_arguments(spec, {"bbox_2d": "[1, 2, 3, 4]"})
+    {'bbox': [1, 2, 3, 4]}
+    """
+    props = spec.parameters.get("properties", {})
+    out = dict(arguments)
+    for alias, name in ARGUMENT_ALIASES.items():
+        if alias in out and name in props and alias not in props:
+            if name in out:
+                raise ToolError(f"Give {name!r} or {alias!r} to {spec.name!r}, not both.")
+            out[name] = out.pop(alias)
+    for key, value in out.items():
+        if isinstance(value, str) and props.get(key, {}).get("type") == "array" and value.strip().startswith("["):
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(parsed, list):
+                out[key] = parsed
+    return out
+
+
 def validate_arguments(spec: ToolSpec, arguments: Any) -> dict[str, Any]:
-    """Check ``arguments`` against ``spec.parameters``; fill defaults; raise :class:`ToolError`."""
+    """Check ``arguments`` against ``spec.parameters`` (after :func:`canonical_arguments`); fill
+    defaults; raise :class:`ToolError`."""
     if not isinstance(arguments, Mapping):
         raise ToolError(f"Arguments of {spec.name!r} must be a JSON object, got {_short(arguments)}.")
-    return _check_object(arguments, spec.parameters, spec.name)
+    return _check_object(canonical_arguments(spec, arguments), spec.parameters, spec.name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,6 +233,15 @@ def image_digest(image: Image.Image) -> str:
     digest = h.hexdigest()
     image.info["medvqa_digest"] = (id(image), digest)
     return digest
+
+
+def random_weights_note(engine: Any, engine_name: str) -> str:
+    """The sentence a model-backed tool appends to its text when its engine runs random weights
+    (the offline tiny models), so no one mistakes its outputs for a real model's; "" otherwise."""
+    if not getattr(engine, "random_weights", False):
+        return ""
+    return (f" WARNING: engine {engine_name!r} runs a tiny randomly-initialised model (no checkpoint was "
+            "configured), so this output is meaningless; give the tool model=<checkpoint>.")
 
 
 def source_image(images: Sequence[Image.Image], index: int) -> tuple[Image.Image, int]:

@@ -12,9 +12,9 @@ from typing import Any, Sequence
 from PIL import Image
 
 from medvqa_env.errors import ToolError
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, random_weights_note, source_image
 from tool_backends.engines import build_engine
-from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, resolve_bbox
+from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, resolve_bbox, show_box, unit
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
 
 
@@ -36,11 +36,12 @@ def normalise_scores(scores: dict[str, float], labels: Sequence[str]) -> dict[st
 class ClassifyTool(Tool):
     """Score candidate labels for image ``image_index`` (or a box of it)."""
 
-    def __init__(self, engine: str = "clip", max_labels: int = 32, **engine_options: Any) -> None:
+    def __init__(self, engine: str = "clip", max_labels: int = 32, box_convention: str = "pixels",
+                 name: str = "classify", **engine_options: Any) -> None:
         self.engine_name = engine
         self.engine = build_engine("classify", engine, **engine_options)
         self.spec = ToolSpec(
-            name="classify",
+            name=name,
             description=("Zero-shot classification: give 2 or more candidate labels (e.g. modality, organ, finding) "
                          "and get a probability for each, for the whole image or a box of it."),
             parameters={
@@ -49,8 +50,9 @@ class ClassifyTool(Tool):
                     "labels": {"type": "array", "items": {"type": "string", "maxLength": 100},
                                "minItems": 2, "maxItems": int(max_labels), "description": "candidate labels"},
                     "image_index": IMAGE_INDEX_SCHEMA,
-                    "bbox": {**BBOX_SCHEMA, "description": "optional [x0, y0, x1, y1] region to classify"},
-                    "coordinates": COORDINATES_SCHEMA,
+                    "bbox": {**BBOX_SCHEMA, "description": "optional [x0, y0, x1, y1] region to classify "
+                                                           "(bbox_2d is accepted too)"},
+                    "coordinates": coordinates_schema(box_convention),
                 },
                 "required": ["labels"],
                 "additionalProperties": False,
@@ -61,20 +63,22 @@ class ClassifyTool(Tool):
         image, source = source_image(images, arguments["image_index"])
         labels = [lab.strip() for lab in arguments["labels"]]
         if any(not lab for lab in labels):
-            raise ToolError("classify labels must be non-empty strings.")
+            raise ToolError(f"{self.name} labels must be non-empty strings.")
         if len(set(labels)) != len(labels):
-            raise ToolError(f"classify labels must be distinct, got {labels}.")
-        region = None
+            raise ToolError(f"{self.name} labels must be distinct, got {labels}.")
+        region, where = None, f"image {source}"
         if "bbox" in arguments:
-            region = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])
+            coords = arguments["coordinates"]
+            region = resolve_bbox(arguments["bbox"], image.size, coords)
+            where = f"region {show_box(region, image.size, coords)} ({unit(coords)}) of image {source}"
             image = image.crop(region)
         scores = normalise_scores(self.engine.classify(image, labels, context=context, image_index=source), labels)
         ranked = sorted(scores.items(), key=lambda kv: -kv[1])
-        where = f"region {list(region)} of image {source}" if region else f"image {source}"
         listing = ", ".join(f"{lab} {p:.3f}" for lab, p in ranked)
+        note = random_weights_note(self.engine, self.engine_name)
         data = {"image_index": source, "engine": self.engine_name, "scores": {k: round(v, 6) for k, v in scores.items()},
-                "top": ranked[0][0], "region": list(region) if region else None}
-        return ToolResult(text=f"Classification of {where}: {listing}.", data=data)
+                "top": ranked[0][0], "region": list(region) if region else None, "random_weights": bool(note)}
+        return ToolResult(text=f"Classification of {where}: {listing}.{note}", data=data)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)

@@ -1,7 +1,16 @@
-"""Boxes the model writes -> safe pixel boxes. Shared by every box-taking tool.
+"""Boxes the model writes -> safe pixel boxes, and pixel boxes -> the numbers the model reads.
+Shared by every tool that takes or reports a box.
 
-Models write boxes in three conventions: pixels (Qwen2.5-VL), 0-1 fractions, and 0-1000
-(Qwen3-VL). All are accepted; anything unusable becomes a :class:`ToolError` the model can read.
+Models write boxes in three conventions: pixels of the image they were shown (Qwen2.5-VL),
+0-1 fractions, and a 0-1000 grid (Qwen3-VL). A tool's ``box_convention`` option sets the default
+of its ``coordinates`` argument (so the schema in the system prompt says which), a call may still
+name another, and the tool reports boxes back in the call's convention. Anything unusable becomes
+a :class:`ToolError` the model can read.
+
+>>> resolve_bbox([250, 250, 750, 750], (200, 100), "norm1000")
+(50, 25, 150, 75)
+>>> show_box([50, 25, 150, 75], (200, 100), "norm1000")
+[250, 250, 750, 750]
 """
 
 from __future__ import annotations
@@ -9,23 +18,68 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from medvqa_env.errors import ToolError
+from medvqa_env.errors import ConfigError, ToolError
 
 COORDINATE_SYSTEMS = ("pixel", "normalized", "norm1000")
+
+BOX_CONVENTIONS = {"pixels": "pixel", "pixel": "pixel", "normalized": "normalized",
+                   "qwen3_grid": "norm1000", "norm1000": "norm1000"}
+"""A policy family's convention (a tool's ``box_convention=`` option) -> its coordinate system:
+``pixels`` (Qwen2.5-VL, most VLMs), ``qwen3_grid`` (Qwen3-VL's 0-1000 grid), ``normalized`` (0-1)."""
+
+_MEANING = {"pixel": "pixels of the image as shown to you", "normalized": "fractions 0-1 of the image's width "
+            "and height", "norm1000": "a 0-1000 grid over the image's width and height"}
 
 BBOX_SCHEMA = {
     "type": "array",
     "items": {"type": "number"},
     "minItems": 4,
     "maxItems": 4,
-    "description": "[x0, y0, x1, y1] with x0 < x1 and y0 < y1",
+    "description": "[x0, y0, x1, y1] with x0 < x1 and y0 < y1 (bbox_2d is accepted too)",
 }
-COORDINATES_SCHEMA = {
-    "type": "string",
-    "enum": list(COORDINATE_SYSTEMS),
-    "default": "pixel",
-    "description": "pixel (default), normalized (0-1) or norm1000 (0-1000)",
-}
+
+
+def coordinate_system(convention: str) -> str:
+    """The coordinate system of a ``box_convention`` (see :data:`BOX_CONVENTIONS`).
+
+    >>> coordinate_system("qwen3_grid")
+    'norm1000'
+    """
+    try:
+        return BOX_CONVENTIONS[convention]
+    except (KeyError, TypeError):
+        raise ConfigError(f"expected box_convention in {sorted(BOX_CONVENTIONS)}, got {convention!r}") from None
+
+
+def coordinates_schema(convention: str = "pixels") -> dict:
+    """The ``coordinates`` argument's schema, defaulting to the tool's convention."""
+    default = coordinate_system(convention)
+    return {"type": "string", "enum": list(COORDINATE_SYSTEMS), "default": default,
+            "description": (f"how box/point numbers are read and reported: {default} (default: {_MEANING[default]}), "
+                            + ", ".join(f"{c} ({_MEANING[c]})" for c in COORDINATE_SYSTEMS if c != default))}
+
+
+COORDINATES_SCHEMA = coordinates_schema("pixels")
+
+
+def show_box(box, size: tuple[int, int], coordinates: str = "pixel") -> list:
+    """A pixel box as the model writes it in ``coordinates`` (the inverse of :func:`resolve_bbox`).
+
+    >>> show_box([10, 20, 30.5, 40], (100, 50), "normalized")
+    [0.1, 0.4, 0.305, 0.8]
+    """
+    w, h = size
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if coordinates == "normalized":
+        return [round(x0 / w, 3), round(y0 / h, 3), round(x1 / w, 3), round(y1 / h, 3)]
+    if coordinates == "norm1000":
+        return [round(x0 * 1000 / w), round(y0 * 1000 / h), round(x1 * 1000 / w), round(y1 * 1000 / h)]
+    return [int(v) if float(v).is_integer() else round(float(v), 1) for v in box]
+
+
+def unit(coordinates: str) -> str:
+    """How a box in ``coordinates`` is labelled in tool text ("pixels", "normalized", "0-1000 grid")."""
+    return {"pixel": "pixels", "normalized": "normalized 0-1", "norm1000": "0-1000 grid"}.get(coordinates, coordinates)
 
 
 def resolve_bbox(bbox: Sequence[float], size: tuple[int, int], coordinates: str = "pixel") -> tuple[int, int, int, int]:
@@ -57,6 +111,35 @@ def resolve_bbox(bbox: Sequence[float], size: tuple[int, int], coordinates: str 
             f"bbox {list(bbox)} lies outside the image ({w}x{h} pixels, {coordinates} coordinates)."
         )
     return int(math.floor(cx0)), int(math.floor(cy0)), int(math.ceil(cx1)), int(math.ceil(cy1))
+
+
+def resolve_point(point: Sequence[float], size: tuple[int, int], coordinates: str = "pixel") -> tuple[int, int]:
+    """A model-written point -> integer pixels inside the image, or a ToolError.
+
+    >>> resolve_point([0.5, 0.25], (200, 100), "normalized")
+    (100, 25)
+    """
+    if len(point) != 2 or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                              for v in point):
+        raise ToolError(f"point must be 2 finite numbers [x, y], got {list(point)!r}.")
+    w, h = size
+    x, y = float(point[0]), float(point[1])
+    if coordinates == "normalized":
+        x, y = x * w, y * h
+    elif coordinates == "norm1000":
+        x, y = x * w / 1000, y * h / 1000
+    if not (0 <= x <= w and 0 <= y <= h):
+        raise ToolError(f"point {list(point)} lies outside the image ({w}x{h} pixels, {coordinates} coordinates).")
+    return min(int(x), w - 1), min(int(y), h - 1)
+
+
+def show_point(point, size: tuple[int, int], coordinates: str = "pixel") -> list:
+    """A pixel point as the model writes it in ``coordinates``.
+
+    >>> show_point((100, 25), (200, 100), "norm1000")
+    [500, 250]
+    """
+    return show_box([point[0], point[1], point[0], point[1]], size, coordinates)[:2]
 
 
 def expand_to_min_size(box: tuple[int, int, int, int], size: tuple[int, int], min_size: int) -> tuple[int, int, int, int]:

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 from PIL import Image
 
 from medvqa_env.errors import ToolError
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, random_weights_note, source_image
 from tool_backends.engines import build_engine
+from tool_backends.geometry import coordinates_schema, show_box, unit
 from tool_backends.masks import draw_boxes
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
 
@@ -40,15 +41,17 @@ class GroundTool(Tool):
     """Find regions of image ``image_index`` matching a text prompt; boxes with scores."""
 
     def __init__(self, engine: str = "classical", default_threshold: float = 0.1, max_boxes: int = 5,
-                 max_side: int = 4096, **engine_options: Any) -> None:
+                 max_side: int = 4096, box_convention: str = "pixels", name: str = "ground",
+                 **engine_options: Any) -> None:
         self.engine_name = engine
         self.engine = build_engine("ground", engine, **engine_options)
         self.max_boxes = int(max_boxes)
         self.max_side = int(max_side)
         self.spec = ToolSpec(
-            name="ground",
+            name=name,
             description=("Locate what a short text describes (e.g. 'nodule', 'left kidney', 'bright lesion') in an "
-                         "image. Returns boxes [x0, y0, x1, y1] in pixels with confidence scores, drawn on a new image."),
+                         "image. Returns boxes [x0, y0, x1, y1] (in the 'coordinates' convention) with confidence "
+                         "scores, drawn on a new image."),
             parameters={
                 "type": "object",
                 "properties": {
@@ -57,6 +60,7 @@ class GroundTool(Tool):
                     "threshold": {"type": "number", "minimum": 0, "maximum": 1, "default": float(default_threshold),
                                   "description": "minimum score of a box"},
                     "max_boxes": {"type": "integer", "minimum": 1, "maximum": 20, "default": self.max_boxes},
+                    "coordinates": coordinates_schema(box_convention),
                 },
                 "required": ["text"],
                 "additionalProperties": False,
@@ -67,21 +71,25 @@ class GroundTool(Tool):
         image, source = source_image(images, arguments["image_index"])
         text = arguments["text"].strip()
         if not text:
-            raise ToolError("ground needs a non-empty 'text' saying what to find.")
+            raise ToolError(f"{self.name} needs a non-empty 'text' saying what to find.")
         if max(image.size) > self.max_side:
-            raise ToolError(f"image {source} is too large for ground ({image.size[0]}x{image.size[1]}).")
+            raise ToolError(f"image {source} is too large for {self.name} ({image.size[0]}x{image.size[1]}).")
         raw = self.engine.detect(image, text=text, context=context, image_index=source,
                                  threshold=arguments["threshold"], max_boxes=arguments["max_boxes"])
         boxes = clean_boxes(raw, image.size)
         boxes = [b for b in boxes if b["score"] >= arguments["threshold"]][: arguments["max_boxes"]]
-        data = {"image_index": source, "engine": self.engine_name, "query": text, "boxes": boxes}
+        note = random_weights_note(self.engine, self.engine_name)
+        data = {"image_index": source, "engine": self.engine_name, "query": text, "boxes": boxes,
+                "random_weights": bool(note)}
         if not boxes:
-            return ToolResult(text=f"Found nothing matching {text!r} in image {source}.", data=data)
+            return ToolResult(text=f"Found nothing matching {text!r} in image {source}.{note}", data=data)
         data["image_recipe"] = "boxes"
-        listing = "; ".join(f"{i + 1}: {b['bbox']} ({b['label'] or text}, score {b['score']:.2f})"
-                            for i, b in enumerate(boxes))
+        coords = arguments["coordinates"]
+        listing = "; ".join(f"{i + 1}: {show_box(b['bbox'], image.size, coords)} ({b['label'] or text}, "
+                            f"score {b['score']:.2f})" for i, b in enumerate(boxes))
+        units = "" if coords == "pixel" else f" ({unit(coords)})"
         return ToolResult(text=f"Found {len(boxes)} region{'s' if len(boxes) != 1 else ''} matching {text!r} in image "
-                               f"{source}: {listing}. The boxes are drawn, numbered, on the new image.",
+                               f"{source}{units}: {listing}. The boxes are drawn, numbered, on the new image.{note}",
                           images=[draw_boxes(image, boxes)], data=data)
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.engines import build_engine
-from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, expand_to_min_size, resolve_bbox
+from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_min_size, resolve_bbox, show_box, unit
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
 
 
@@ -23,21 +23,22 @@ class HiresRenderTool(Tool):
     """Upsample ``bbox`` (default: the whole image) of image ``image_index`` by ``scale``."""
 
     def __init__(self, engine: str = "classical", max_side: int = 2048, min_size: int = 16,
-                 **engine_options: Any) -> None:
+                 box_convention: str = "pixels", name: str = "hires_render", **engine_options: Any) -> None:
         self.engine_name = engine
         self.engine = build_engine("hires", engine, **engine_options)
         self.max_side = int(max_side)
         self.min_size = int(min_size)
         self.spec = ToolSpec(
-            name="hires_render",
+            name=name,
             description=("Re-render a region of an image at higher resolution (upsampled and sharpened) to inspect "
                          "small features. Returns the new image."),
             parameters={
                 "type": "object",
                 "properties": {
-                    "bbox": {**BBOX_SCHEMA, "description": "optional [x0, y0, x1, y1] region; default the whole image"},
+                    "bbox": {**BBOX_SCHEMA, "description": "optional [x0, y0, x1, y1] region; default the whole "
+                                                           "image (bbox_2d is accepted too)"},
                     "image_index": IMAGE_INDEX_SCHEMA,
-                    "coordinates": COORDINATES_SCHEMA,
+                    "coordinates": coordinates_schema(box_convention),
                     "scale": {"type": "number", "minimum": 1, "maximum": 8, "default": 4,
                               "description": "magnification (the output is capped at the tool's max side)"},
                 },
@@ -49,8 +50,9 @@ class HiresRenderTool(Tool):
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         image, source = source_image(images, arguments["image_index"])
         w, h = image.size
+        coords = arguments["coordinates"]
         if "bbox" in arguments:
-            box = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])
+            box = resolve_bbox(arguments["bbox"], image.size, coords)
             box = expand_to_min_size(box, image.size, self.min_size)
         else:
             box = (0, 0, w, h)
@@ -60,7 +62,8 @@ class HiresRenderTool(Tool):
         scale = max(scale, 1.0) if max(cw, ch) <= self.max_side else scale
         size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
         out = self.engine.upscale(crop, size)
-        text = (f"Re-rendered region {list(box)} of image {source} at {scale:.2f}x ({size[0]}x{size[1]} pixels) with "
+        text = (f"Re-rendered region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source} at "
+                f"{scale:.2f}x ({size[0]}x{size[1]} pixels) with "
                 f"the {self.engine_name} engine. Edges are sharpened; no detail beyond the source pixels is added.")
         return ToolResult(text=text, images=[out],
                           data={"image_index": source, "region": list(box), "scale": round(scale, 4),

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
-from tool_backends.geometry import BBOX_SCHEMA, COORDINATES_SCHEMA, expand_to_min_size, resolve_bbox
+from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_min_size, resolve_bbox, show_box, unit
 
 
 def crop_and_resize(image: Image.Image, box: tuple[int, int, int, int], target_short_side: int,
@@ -26,15 +26,17 @@ class ZoomTool(Tool):
 
     Boxes smaller than ``min_size`` pixels are grown around their centre (a 3-pixel crop tells the
     model nothing); the crop is enlarged until its short side is ``target_short_side``, never past
-    ``max_side``.
+    ``max_side``. ``box_convention`` (``pixels``, ``qwen3_grid``, ``normalized``) is how the
+    policy writes boxes by default; ``name`` renames the tool (the seed's and verl's names).
     """
 
-    def __init__(self, min_size: int = 28, target_short_side: int = 336, max_side: int = 1024) -> None:
+    def __init__(self, min_size: int = 28, target_short_side: int = 336, max_side: int = 1024,
+                 box_convention: str = "pixels", name: str = "image_zoom_in") -> None:
         self.min_size = int(min_size)
         self.target_short_side = int(target_short_side)
         self.max_side = int(max_side)
         self.spec = ToolSpec(
-            name="image_zoom_in",
+            name=name,
             description=(
                 "Zoom into a rectangular region of an image to see small details. Returns the enlarged crop "
                 "as a new image."
@@ -45,7 +47,7 @@ class ZoomTool(Tool):
                     "bbox": BBOX_SCHEMA,
                     "image_index": {"type": "integer", "default": 0,
                                     "description": "which image of the conversation (0 = the original)"},
-                    "coordinates": COORDINATES_SCHEMA,
+                    "coordinates": coordinates_schema(box_convention),
                     "label": {"type": "string", "maxLength": 200, "description": "what you expect to see (optional)"},
                 },
                 "required": ["bbox"],
@@ -55,11 +57,13 @@ class ZoomTool(Tool):
 
     def run(self, images: Sequence[Image.Image], arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         image, source = source_image(images, arguments["image_index"])
-        box = resolve_bbox(arguments["bbox"], image.size, arguments["coordinates"])
+        coords = arguments["coordinates"]
+        box = resolve_bbox(arguments["bbox"], image.size, coords)
         box = expand_to_min_size(box, image.size, self.min_size)
         crop = crop_and_resize(image, box, self.target_short_side, self.max_side)
         return ToolResult(
-            text=f"Zoomed into region {list(box)} (pixels) of image {source}; enlarged to {crop.size[0]}x{crop.size[1]}.",
+            text=(f"Zoomed into region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source}; "
+                  f"enlarged to {crop.size[0]}x{crop.size[1]}."),
             images=[crop],
             data={"region": list(box), "image_index": source},
         )

@@ -4,11 +4,11 @@ Each tool kind has one small engine interface (``segment``, ``detect``, ``classi
 and a table of engines, imported only when built so that listing tools never loads torch.
 
 >>> sorted(ENGINES["segment"])
-['classical', 'oracle', 'sam', 'segment_anything', 'transformers']
+['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'transformers']
 >>> build_engine("segment", "sma")
 Traceback (most recent call last):
 ...
-medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classical', 'oracle', 'sam', 'segment_anything', 'transformers']. Did you mean 'sam'?
+medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'transformers']. Did you mean 'sam'?
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ _TABLES: dict[str, dict[str, str]] = {
         "sam": "tool_backends.engines.hf_sam:SamSegmenter",
         "transformers": "tool_backends.engines.hf_sam:SamSegmenter",
         "segment_anything": "tool_backends.engines.adapters:SegmentAnythingSegmenter",
+        "sam2": "tool_backends.engines.hf_sam2:Sam2Segmenter",
+        "medsam2": "tool_backends.engines.hf_sam2:Sam2Segmenter",
+        "sam3": "tool_backends.engines.hf_sam2:Sam3TrackerSegmenter",
+        "medsam3": "tool_backends.engines.hf_sam2:Sam3TrackerSegmenter",
+    },
+    "segment_text": {
+        "classical": "tool_backends.engines.classical:BlobTextSegmenter",
+        "oracle": "tool_backends.engines.oracle:OracleTextSegmenter",
+        "sam3": "tool_backends.engines.hf_sam3:Sam3TextSegmenter",
+        "medsam3": "tool_backends.engines.hf_sam3:Sam3TextSegmenter",
+        "transformers": "tool_backends.engines.hf_sam3:Sam3TextSegmenter",
+        "biomedparse": "tool_backends.engines.adapters:BiomedParseSegmenter",
     },
     "ground": {
         "classical": "tool_backends.engines.classical:BlobGrounder",
@@ -48,7 +60,11 @@ _TABLES: dict[str, dict[str, str]] = {
 
 ENGINES: dict[str, Registry] = {kind: Registry(f"{kind} engine", table) for kind, table in _TABLES.items()}
 
-TOOL_ENGINE_KIND = {"segment": "segment", "ground": "ground", "classify": "classify", "hires_render": "hires"}
+TOOL_ENGINE_KIND = {"segment": "segment", "ground": "ground", "classify": "classify", "hires_render": "hires",
+                    "segment_text": "segment_text",
+                    # the seed's names for the same tools (see tool_backends.builtin.TOOL_ALIASES)
+                    "medsam2": "segment", "medsam3": "segment", "biomedparse": "segment_text",
+                    "groundingdino-med": "ground", "biomedclip": "classify", "agent4k_resolution": "hires"}
 """Which engine table each registered tool chooses from (``image_zoom_in`` has no engine)."""
 
 

@@ -1,5 +1,5 @@
 """Adapters for the original model packages the seed's tool servers run: ``segment-anything``
-(SAM / MedSAM checkpoints), ``open_clip`` (BiomedCLIP) and ``groundingdino``.
+(SAM / MedSAM checkpoints), ``open_clip`` (BiomedCLIP), ``groundingdino`` and BiomedParse.
 
 Each of these pulls ``torchvision`` and a CUDA build of torch, so they never go into the main
 venv: install one in a tool server's own venv and serve it with ``medvqa-tools serve`` there (the
@@ -108,3 +108,41 @@ class GroundingDinoPackageGrounder:
             out.append({"bbox": [(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h],
                         "label": phrase or text, "score": float(score)})
         return sorted(out, key=lambda b: -b["score"])[:max_boxes]
+
+
+class BiomedParseSegmenter:
+    """BiomedParse (microsoft/BiomedParse, the seed's ``biomedparse`` server): a text prompt -> a
+    probability mask, through its ``interactive_infer_image``. Run from a checkout of its repository
+    (the package is not on PyPI); ``config_path`` is its ``configs/biomedparse_inference.yaml``."""
+
+    def __init__(self, checkpoint: str | None = None, config_path: str = "configs/biomedparse_inference.yaml",
+                 device: str = "cuda", mask_threshold: float = 0.5) -> None:
+        arguments = import_optional("utilities.arguments", "BiomedParse (its repository)", "biomedparse")
+        distributed = import_optional("utilities.distributed", "BiomedParse (its repository)", "biomedparse")
+        modeling = import_optional("modeling", "BiomedParse (its repository)", "biomedparse")
+        base = import_optional("modeling.BaseModel", "BiomedParse (its repository)", "biomedparse")
+        self.inference = import_optional("inference_utils.inference", "BiomedParse (its repository)", "biomedparse")
+        constants = import_optional("utilities.constants", "BiomedParse (its repository)", "biomedparse")
+        if not checkpoint:
+            raise ConfigError("engine 'biomedparse' needs checkpoint= (e.g. biomedparse_v1.pt)")
+        import torch
+
+        opt = distributed.init_distributed(arguments.load_opt_from_config_files([config_path]))
+        opt["device"] = device
+        self.model = base.BaseModel(opt, modeling.build_model(opt)).from_pretrained(checkpoint).eval().to(device)
+        with torch.no_grad():
+            self.model.model.sem_seg_head.predictor.lang_encoder.get_text_embeddings(
+                constants.BIOMED_CLASSES + ["background"], is_eval=True)
+        self.mask_threshold = float(mask_threshold)
+        self.lock = threading.Lock()
+
+    def segment_text(self, image: Image.Image, *, text: str, threshold: float = 0.0, max_instances: int = 5,
+                     context: ToolContext | None = None, image_index: int = 0) -> list[dict[str, Any]]:
+        with self.lock:
+            out = self.inference.interactive_infer_image(self.model, image.convert("RGB"), [text])
+        probs = np.asarray(out[0] if isinstance(out, tuple) else out, dtype=np.float32)[0]
+        if probs.shape != (image.size[1], image.size[0]):  # it works at 1024 px on the short side
+            probs = np.asarray(Image.fromarray(probs).resize(image.size, Image.Resampling.BILINEAR))
+        mask = probs > self.mask_threshold
+        score = float(probs[mask].mean()) if mask.any() else 0.0
+        return [{"mask": mask, "score": score, "label": text}] if mask.any() and score >= threshold else []

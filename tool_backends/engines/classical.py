@@ -87,6 +87,27 @@ class ClassicalSegmenter:
         return out
 
 
+class BlobTextSegmenter:
+    """Text -> masks the classical way: :class:`BlobGrounder` finds the blobs the text's polarity
+    asks for, :class:`ClassicalSegmenter` segments each box. Reads no semantics (like its parts)."""
+
+    def __init__(self, **grounder_options: Any) -> None:
+        self.grounder = BlobGrounder(**grounder_options)
+        self.segmenter = ClassicalSegmenter()
+
+    def segment_text(self, image: Image.Image, *, text: str, threshold: float = 0.0, max_instances: int = 5,
+                     context: ToolContext | None = None, image_index: int = 0) -> list[dict[str, Any]]:
+        out = []
+        for b in self.grounder.detect(image, text=text, threshold=threshold, max_boxes=max_instances):
+            x0, y0, x1, y1 = (int(round(v)) for v in b["bbox"])
+            if x1 - x0 < 1 or y1 - y0 < 1:
+                continue
+            mask = self.segmenter.segment(image, box=(x0, y0, x1, y1))
+            if mask.any():
+                out.append({"mask": mask, "score": b["score"], "label": text})
+        return out
+
+
 class BlobGrounder:
     """Bright (or, when the text asks for dark/hypodense/air/cyst..., dark) blobs that differ from
     their neighbourhood: a top-hat transform, Otsu on it, connected components filtered by area,

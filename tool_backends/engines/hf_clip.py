@@ -46,7 +46,7 @@ class ClipClassifier(TorchEngine):
             raise ValueError(f"expected a template with '{{}}' for the label, got {template!r}")
         self.template = template
         self.max_length = int(max_length)
-        if model == TINY:
+        if self.uses_tiny(model):
             self.model, self.processor, self.tokenizer = tiny_clip(self.kind)
         else:
             self.model, self.processor, self.tokenizer = self._load(model)

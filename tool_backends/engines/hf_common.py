@@ -8,10 +8,13 @@ real answers. Image processors are the PIL ones (the default "fast" ones need to
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable
 
 from medvqa_env.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 TINY = "tiny-random"
 """The ``model=`` value that builds a tiny random model (the default when no checkpoint is given)."""
@@ -65,12 +68,24 @@ def build_tiny(factory: Callable[[], Any], seed: int = 0):
 
 
 class TorchEngine:
-    """Base for model engines: a lock (one forward at a time per model) and a device."""
+    """Base for model engines: a lock (one forward at a time per model), a device, and
+    ``random_weights`` (True for the tiny random models; tools then say so in their output, see
+    :func:`tool_backends.base.random_weights_note`)."""
+
+    random_weights = False
 
     def __init__(self, device: str = "cpu") -> None:
         require_torch()
         self.device = device
         self.lock = threading.Lock()
+
+    def uses_tiny(self, model: str) -> bool:
+        """Whether ``model`` asks for the tiny random model; records it and warns once per engine."""
+        self.random_weights = model == TINY
+        if self.random_weights:
+            log.warning("%s runs a tiny randomly-initialised model: its outputs are meaningless "
+                        "(pass model=<checkpoint> for real ones)", type(self).__name__)
+        return self.random_weights
 
     def close(self) -> None:
         self.model = None

@@ -58,7 +58,7 @@ class OwlViTGrounder(TorchEngine):
     def __init__(self, model: str = TINY, device: str = "cpu", template: str = "a photo of {}") -> None:
         super().__init__(device)
         self.template = template
-        if model == TINY:
+        if self.uses_tiny(model):
             self.model, self.processor, self.tokenizer = tiny_owlvit()
         else:
             from transformers import AutoTokenizer, OwlViTForObjectDetection, OwlViTImageProcessorPil
@@ -90,7 +90,7 @@ class GroundingDinoGrounder(TorchEngine):
 
     def __init__(self, model: str = TINY, device: str = "cpu") -> None:
         super().__init__(device)
-        if model == TINY:
+        if self.uses_tiny(model):
             self.model, self.processor, self.tokenizer = tiny_grounding_dino()
         else:
             from transformers import AutoTokenizer, GroundingDinoForObjectDetection, GroundingDinoImageProcessorPil

@@ -34,7 +34,7 @@ class SamSegmenter(TorchEngine):
 
     def __init__(self, model: str = TINY, device: str = "cpu", mask_threshold: float = 0.0) -> None:
         super().__init__(device)
-        if model == TINY:
+        if self.uses_tiny(model):
             self.model, self.processor = tiny_sam()
         else:
             from transformers import SamImageProcessorPil, SamModel

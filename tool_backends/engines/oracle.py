@@ -118,6 +118,27 @@ class OracleSegmenter:
         return best
 
 
+class OracleTextSegmenter:
+    """The annotated masks (or, for box-only labels, their rectangles) whose label best matches the
+    text (:func:`best_matches`), score 1: a perfect text-prompted segmenter on annotated records."""
+
+    def segment_text(self, image: Image.Image, *, text: str, threshold: float = 0.0, max_instances: int = 5,
+                     context: ToolContext | None = None, image_index: int = 0) -> list[dict[str, Any]]:
+        ann = (context or ToolContext()).annotations
+        w, h = image.size
+        candidates = _masks(ann, image_index, (w, h))
+        with_mask = {lab for lab, _ in candidates}
+        for b in ann.boxes:
+            if b.image_index == image_index and b.label not in with_mask:
+                m = np.zeros((h, w), bool)
+                x0, y0, x1, y1 = (int(round(v)) for v in b.bbox)
+                m[max(0, y0):max(0, y1), max(0, x0):max(0, x1)] = True
+                candidates.append((b.label, m))
+        keep = best_matches([lab for lab, _ in candidates], text)
+        return [{"mask": candidates[i][1], "score": 1.0, "label": candidates[i][0]}
+                for i in keep if candidates[i][1].any()][:max_instances]
+
+
 class OracleGrounder:
     """Annotated boxes (and boxes of annotated masks) whose label matches the text, score 1."""
 

@@ -1,11 +1,15 @@
 """GRPO-family training of a tool-using policy on MedVQA-Gym (seed 000 §3.2), CleanRL style.
 
-    python -m train.grpo --policy runs/sft/final --algo grpo --steps 30 --out runs/grpo
+    python -m train.grpo --policy Qwen/Qwen2.5-VL-3B-Instruct --device cuda --dtype bfloat16 \
+        --tools "image_zoom_in,segment=http://127.0.0.1:7660" --reward armed \
+        --dataset vqa_rad --dataset-opt root=/data/vqa_rad --steps 200 --out runs/grpo
 
 Reads top to bottom: config -> env factory -> policy -> loop (rollout -> advantages -> update ->
 log/eval/checkpoint). ``--algo`` picks GRPO, Dr.GRPO, DAPO, GSPO or GRASP from
 :mod:`train.algorithms`; ``--engine verl`` hands the same arguments to the verl + Ray launcher.
-A killed run resumes from its last checkpoint with ``--resume true`` (the default).
+Every ``--save-every`` steps ``out/checkpoints/step_N`` is an HF folder ``eval.run`` loads. A
+killed run resumes from its last checkpoint (``--resume``, the default); a rerun with other
+settings refuses and lists them (``--allow-changed`` accepts them).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +26,14 @@ import torch
 from train.algorithms import (AdvantageInput, LossInput, compute_advantages, dynamic_sampling_keep,
                               get_algorithm, grasp_sft_weight, group_stats, overlong_penalty, policy_loss)
 from train.batching import from_trajectory, gold_answer_sequence, micro_batches, pad_batch, response_logprobs
+from medvqa_env.cli import run_cli
+from medvqa_env.errors import ConfigError
 from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from train.common import (SHORT_SYSTEM_PROMPT, build_policy, count_trainable, env_kwargs, evaluate_heldout,
-                          parse_args, save_policy, select_indices)
-from train.env_pool import make_pool
+from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, parse_args,
+                          run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
+from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, rollout_metrics
-from train.rollout import HFGenerator, collect_rollouts, group_requests
+from train.rollout import HFGenerator, collect_rollouts, fill_groups, group_requests
 
 
 # ==============================================================================================
@@ -43,38 +49,59 @@ class Args:
     """seed for prompt sampling, generation and initialisation"""
     engine: str = "native"
     """``native`` (this file) or ``verl`` (train.verl_integration.launch)"""
-    policy: str = "smollm2"
-    """``smollm2``, ``tiny-qwen2-vl``/``tiny-qwen2.5-vl``/``tiny-qwen3-vl`` or a checkpoint folder"""
-    system_prompt: str | None = SHORT_SYSTEM_PROMPT
-    """replaces the env's long system prompt (cheaper on CPU); ``none`` keeps the env's"""
+    policy: str = "Qwen/Qwen2.5-VL-3B-Instruct"
+    """an HF folder (e.g. a save of this trainer), a Hub id (needs a reachable hub or its cache),
+    ``smollm2`` (packaged SmolLM2-135M) or ``tiny-qwen2-vl``/``tiny-qwen2.5-vl``/``tiny-qwen3-vl``"""
+    device: str = "auto"
+    """``auto`` (CUDA when visible), ``cpu``, ``cuda`` or ``cuda:N``"""
+    dtype: str = "float32"
+    """weights and compute: ``float32``, ``bfloat16`` or ``float16``"""
+    system_prompt: str | None = None
+    """replaces the env's system prompt (default: the env's, with its tools' schemas and answer protocol)"""
+    demo_prompt: bool = False
+    """the CPU demo's short prompt (tells a blind model to call ``ground``); saved with the model"""
     train_layers: int = 0
     """train only the top k decoder blocks (0 = all)"""
     lora_rank: int = 0
     """LoRA rank through peft (0 = no LoRA)"""
     dataset: str = "embedded"
-    """dataset name for the env"""
+    """dataset name for the env (see medvqa_env.datasets)"""
+    dataset_opt: list[str] = field(default_factory=list)
+    """loader option ``key=value`` (repeatable), e.g. ``root=/data/vqa_rad``"""
     split: str = "train"
     """training split"""
     eval_split: str = "test"
     """held-out split"""
     answer_types: str = "CLOSED,MCQ"
     """which questions to train and evaluate on (rule rewards for CLOSED/MCQ are instant)"""
-    tools: str = "ground=oracle"
-    """tools as ``name[=engine],...``; empty = no tools"""
+    tools: str | None = None
+    """tools: ``a,b=engine,c=http://host:port``, JSON, a config file, ``none``; default: the env's"""
+    tool_opt: list[str] = field(default_factory=list)
+    """tool option ``tool.key=value`` (repeatable), e.g. ``segment.model=/models/medsam``"""
+    reward: str | None = None
+    """the env's reward: ``default`` (rule + ARMed for OPEN), ``armed``, ``rule``, ``medix``, ``grasp``, ``<name>+tools``"""
+    reward_opt: list[str] = field(default_factory=list)
+    """reward option ``key=value`` (repeatable)"""
+    answer_protocol: str = "boxed"
+    """``boxed`` (seed 000's \\boxed{}) or ``xml`` (MediX-R1's <answer>)"""
     max_turns: int = 1
     """tool turns per episode (seed: 3)"""
-    env_pool: str = "local"
-    """``local`` (in-process) or ``ray`` (env copies in Ray actors)"""
+    env_pool: str = "thread"
+    """where the env copies run: ``thread`` (this process, beside generation), ``process`` or ``ray``"""
     env_workers: int = 2
-    """Ray actors for ``env_pool=ray``"""
-    algo: str = "grpo"
-    """grpo, drgrpo, dapo, gspo or grasp"""
+    """worker processes / Ray actors for ``env_pool=process|ray`` (a GRPO group stays on one)"""
+    algo: str = field(default="grpo", metadata={"cli": {"alias": ["--algorithm"]}})
+    """grpo, drgrpo, dapo, gspo or grasp (``--algorithm`` too, as verl's launcher spells it)"""
     kl_coef: float | None = None
     """override the algorithm's KL coefficient (GRPO default 0.01)"""
     clip_low: float | None = None
     """override the lower clip range"""
     clip_high: float | None = None
     """override the upper clip range"""
+    loss_agg: str | None = None
+    """override the preset's loss aggregation: token-mean (verl's default), seq-mean-token-mean, seq-mean-token-sum-norm"""
+    max_gen_rounds: int = 10
+    """DAPO dynamic sampling: generation rounds per step at most (verl's max_num_gen_batches)"""
     prompts_per_step: int = 4
     """questions per step (batch size)"""
     group_size: int = 4
@@ -92,7 +119,8 @@ class Args:
     max_grad_norm: float = 1.0
     """gradient clipping"""
     update_epochs: int = 1
-    """passes over each rollout batch (1 = on-policy; the ratio is then 1 at the update)"""
+    """optimiser steps per rollout batch; the behaviour log-probs are taken once, so from the second
+    step on the ratio moves away from 1 and clipping acts (1 = on-policy)"""
     micro_batch: int = 8
     """sequences per forward/backward (memory bound)"""
     eval_every: int = 5
@@ -100,15 +128,23 @@ class Args:
     eval_size: int = 64
     """held-out questions"""
     save_every: int = 5
-    """checkpoint every k steps"""
+    """save ``out/checkpoints/step_N`` (an HF folder eval.run loads, plus optimizer/RNG state) every k steps"""
+    keep: int = 2
+    """checkpoints kept (the newest; 0 = all)"""
     resume: bool = True
-    """resume from ``out/checkpoints/latest`` when present"""
+    """resume from ``out/checkpoints/latest`` when present (the settings must match ``out/args.json``)"""
+    allow_changed: str = ""
+    """settings that may differ from the run being resumed (comma list, or ``all``)"""
     torch_threads: int = 1
     """torch CPU threads (1 is fastest on a shared 2-core box)"""
     tensorboard: bool = True
-    """also log to TensorBoard"""
+    """also log to TensorBoard (``out/tb``: scalars and the hyper-parameters)"""
+    report_to: str = "none"
+    """other trackers: ``wandb`` (needs the wandb package; WANDB_MODE=offline works offline) or ``none``"""
+    wandb_project: str = "medvqa-gym"
+    """W&B project for ``--report-to wandb``"""
     save_final: bool = True
-    """write ``out/final`` (an HF folder) at the end"""
+    """write ``out/final`` (an HF folder, LoRA merged) at the end"""
 
 
 def dispatch_verl(args: Args):
@@ -123,33 +159,38 @@ def dispatch_verl(args: Args):
 # One update
 # ==============================================================================================
 def update_policy(model, reference, encoder, optimizer, batch, advantages, keep, algo, args, correct=None):
-    """One (or ``update_epochs``) gradient step(s) on the kept rollouts; returns metrics."""
-    idx = [i for i, k in enumerate(keep.tolist()) if k]
+    """``args.update_epochs`` gradient steps on the kept rollouts (``keep=None``: all); returns the
+    metrics averaged over the epochs.
+
+    The behaviour policy's log-probs (and the reference's) are computed once, before the first
+    epoch, at the sampling temperature, and reused by every epoch: the first epoch is on-policy
+    (ratio 1), later ones see the ratio move and the clipping act."""
+    idx = list(range(len(advantages))) if keep is None else [i for i, k in enumerate(keep.tolist()) if k]
     if not idx:
         return {"losses/skipped": 1.0}
     trajs = [batch.trajectories[i] for i in idx]
     prompts = [batch.prompts[i] for i in idx]
     seqs = [from_trajectory(t, p) for t, p in zip(trajs, prompts)]
     adv = advantages[idx]
+    temperature = args.temperature
     sft_seqs, sft_w = None, None
     if algo.needs_sft_branch:
         acc, _ = group_stats(correct[idx].float(), torch.tensor([t.group for t in trajs]))
         sft_w = grasp_sft_weight(acc, algo.config)
         sft_seqs = [gold_answer_sequence(t, p, encoder, f"\\boxed{{{t.ground_truth}}}") for t, p in zip(trajs, prompts)]
-    metrics: dict[str, float] = {}
+    slices = micro_batches(len(seqs), args.micro_batch)
+    padded = [pad_batch(seqs[sl], encoder.pad_token_id) for sl in slices]
+    # ---- behaviour and reference log-probs: once per rollout batch, before any update
+    with torch.no_grad():
+        old_logps = [response_logprobs(model, mb, encoder, temperature) for mb in padded]
+        refs = [_reference_logprobs(model, reference, mb, encoder, temperature) if algo.config.kl_coef else None
+                for mb in padded]
     total_tokens = sum(sum(s.response_mask) for s in seqs)
+    token_mean = algo.config.loss_agg == "token-mean"
+    metrics: dict[str, float] = {}
     for _ in range(args.update_epochs):
-        old_cache: list[torch.Tensor] = []
-        for sl in micro_batches(len(seqs), args.micro_batch):
-            mb = pad_batch(seqs[sl], encoder.pad_token_id)
-            ref = None
-            with torch.no_grad():
-                if args.update_epochs > 1:
-                    old_cache.append(response_logprobs(model, mb, encoder))
-                if algo.config.kl_coef:
-                    ref = _reference_logprobs(model, reference, mb, encoder)
-            logp = response_logprobs(model, mb, encoder)
-            old = old_cache[-1] if args.update_epochs > 1 else logp.detach()
+        for sl, mb, old, ref in zip(slices, padded, old_logps, refs):
+            logp = response_logprobs(model, mb, encoder, temperature)
             extra = {}
             if sft_seqs is not None:
                 pairs = [(s, w) for s, w in zip(sft_seqs[sl], sft_w[sl].tolist()) if s is not None]
@@ -159,25 +200,43 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
                              "sft_weight": torch.tensor([w for _, w in pairs])}
             inp = LossInput(logp=logp, old_logp=old, advantages=adv[sl], mask=mb.response_mask, ref_logp=ref, **extra)
             loss, m = policy_loss(algo.loss, inp, algo.config)
-            share = (float(mb.response_mask.sum()) / max(1, total_tokens) if algo.config.loss_agg == "token-mean"
-                     else len(mb) / len(seqs))
+            # this micro-batch's share of the batch-level aggregate (tokens or sequences)
+            share = float(mb.response_mask.sum()) / max(1, total_tokens) if token_mean else len(mb) / len(seqs)
             (loss * share).backward()
             for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + v * share
+                metrics[k] = metrics.get(k, 0.0) + v * share / args.update_epochs
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                    args.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        metrics["losses/grad_norm"] = float(grad_norm)
+        metrics["losses/grad_norm"] = metrics.get("losses/grad_norm", 0.0) + float(grad_norm) / args.update_epochs
     return metrics
 
 
-def _reference_logprobs(model, reference, mb, encoder):
+def sample_questions(train_idx, n: int, seed: int, step: int, round_: int = 0) -> list[tuple[int, int]]:
+    """``n`` ``(env seed, dataset index)`` pairs for generation round ``round_`` of ``step``
+    (round 0 draws what the trainer always drew; later rounds are DAPO's refills)."""
+    rng = np.random.default_rng([seed, step] + ([round_] if round_ else []))
+    chosen = rng.choice(train_idx, size=n, replace=len(train_idx) < n)
+    return [(seed * 100_003 + step + 1_000_003 * round_, int(i)) for i in chosen]
+
+
+def shaped_rewards(batch, algo, args) -> torch.Tensor:
+    """The rewards advantages are computed from: the env's, plus DAPO's soft overlong penalty."""
+    rewards = batch.rewards
+    if algo.overlong_buffer and len(rewards):
+        lengths = torch.tensor([t.generated_tokens for t in batch.trajectories])
+        rewards = rewards + overlong_penalty(lengths, args.max_new_tokens * (args.max_turns + 1),
+                                             algo.overlong_buffer * (args.max_turns + 1))
+    return rewards
+
+
+def _reference_logprobs(model, reference, mb, encoder, temperature=1.0):
     if reference is not None:
-        return response_logprobs(reference, mb, encoder)
+        return response_logprobs(reference, mb, encoder, temperature)
     if hasattr(model, "disable_adapter"):  # LoRA: the base model is the reference
         with model.disable_adapter():
-            return response_logprobs(model, mb, encoder)
+            return response_logprobs(model, mb, encoder, temperature)
     return None
 
 
@@ -195,33 +254,51 @@ def main(args: Args) -> dict[str, float] | int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     algo = get_algorithm(args.algo, kl_coef=args.kl_coef, clip_low=args.clip_low, clip_high=args.clip_high,
-                         norm_len=args.max_new_tokens * (args.max_turns + 1))
+                         loss_agg=args.loss_agg, norm_len=args.max_new_tokens * (args.max_turns + 1))
 
-    # ---- env factory ----------------------------------------------------------------------
-    train_idx = select_indices(args.dataset, args.split, args.answer_types)
-    eval_idx = select_indices(args.dataset, args.eval_split, args.answer_types, limit=args.eval_size)
+    # ---- the run record: a resume with other settings refuses and lists them ----------------
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None and not args.resume:
+        raise ConfigError(f"{out} already holds checkpoints (up to {ckpt.name}); pass --resume to continue "
+                          "that run, or choose another --out")
+    check_resume(out, args, ckpt)
+    record = write_run_record(out, args, resumed_at=int(ckpt.name.rsplit("_", 1)[1]) if ckpt else None)
+    if ckpt is not None and int(ckpt.name.rsplit("_", 1)[1]) >= args.steps and (out / "final").exists():
+        print(f"{out} already finished {args.steps} steps; nothing to do")
+        return {}
+
+    # ---- env factory: the env's prompt, tools, reward and dataset, as every other consumer ----
+    dataset_options = record["args"]["dataset_opt"]
+    train_idx = select_indices(args.dataset, args.split, args.answer_types, dataset_options=dataset_options)
+    eval_idx = select_indices(args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
+                              dataset_options=dataset_options)
     n_slots = args.prompts_per_step * args.group_size
-    pool = make_pool(args.env_pool, env_kwargs(args.dataset, args.split, args.tools, args.max_turns), n_slots,
-                     **({"num_workers": args.env_workers} if args.env_pool == "ray" else {}))
-    eval_pool = make_pool("local", env_kwargs(args.dataset, args.eval_split, args.tools, args.max_turns),
-                          min(len(eval_idx), 32))
+    # one pool = one reward object for the run (its ARMed thresholds move once per step) and a
+    # toolbox per worker; the held-out pool's reward stays frozen, so evaluations are comparable
+    pool = EnvPool(run_env_kwargs(args, args.split), n_slots,
+                   backend=args.env_pool, workers=1 if args.env_pool == "thread" else args.env_workers,
+                   group_size=args.group_size)
+    eval_pool = EnvPool(run_env_kwargs(args, args.eval_split), min(len(eval_idx), 32))
 
-    # ---- policy ---------------------------------------------------------------------------
-    model, encoder, kind, reference = build_policy(args.policy, args.system_prompt, args.train_layers,
-                                                   args.lora_rank, args.seed, need_reference=bool(algo.config.kl_coef))
+    # ---- policy: device, dtype, the prompt it is trained (and saved) with ----------------------
+    model, encoder, kind, reference = build_policy(args.policy, system_prompt_of(args), args.train_layers,
+                                                   args.lora_rank, args.seed, need_reference=bool(algo.config.kl_coef),
+                                                   device=args.device, dtype=args.dtype)
     trainable, total = count_trainable(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
                                   weight_decay=args.weight_decay)
     generator = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    logger = MetricsLogger(out, tensorboard=args.tensorboard)
-    state = {"running_accuracy": 0.5, "config": asdict(args)}
+    logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
+                           project=args.wandb_project)
+    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind}
+    state = {"running_accuracy": 0.5}
     start_step = 0
-    ckpt = latest_checkpoint(out) if args.resume else None
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, optimizer)
         start_step = state["step"]
         print(f"resumed from {ckpt} at step {start_step}")
-    print(f"policy {args.policy} ({kind}): {trainable:,} of {total:,} parameters train; algo {args.algo}; "
+    print(f"policy {args.policy} ({kind}, {next(model.parameters()).device}, {next(model.parameters()).dtype}): "
+          f"{trainable:,} of {total:,} parameters train; algo {args.algo}; "
           f"{len(train_idx)} train / {len(eval_idx)} held-out questions")
     if start_step == 0:
         logger.log(0, {**evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens), "time/wall_s": 0.0})
@@ -232,35 +309,41 @@ def main(args: Args) -> dict[str, float] | int:
     t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, desc=args.algo)
     for step in bar:
-        # -- rollout: n copies of the env per question, same seed + index -> same episode
-        rng = np.random.default_rng([args.seed, step])
-        chosen = rng.choice(train_idx, size=args.prompts_per_step, replace=len(train_idx) < args.prompts_per_step)
-        requests, groups = group_requests([(args.seed * 100_003 + step, int(i)) for i in chosen], args.group_size)
+        # -- rollout: n copies of the env per question, same seed + index -> same episode; DAPO
+        #    samples more questions until prompts_per_step groups have a reward spread
         t0 = time.perf_counter()
-        batch = collect_rollouts(generator, pool, encoder, requests, groups, micro_batch=n_slots)
+
+        def sample_round(r: int, step: int = step):
+            items = sample_questions(train_idx, args.prompts_per_step, args.seed, step, r)
+            requests, groups = group_requests(items, args.group_size)
+            return collect_rollouts(generator, pool, encoder, requests, groups, micro_batch=n_slots)
+
+        has_spread = (lambda b: dynamic_sampling_keep(shaped_rewards(b, algo, args), b.group_index))
+        filled = fill_groups(sample_round, args.prompts_per_step, keep=has_spread if algo.dynamic_sampling else None,
+                             max_rounds=args.max_gen_rounds if algo.dynamic_sampling else 1)
+        batch = filled.batch
         t_rollout = time.perf_counter() - t0
 
-        # -- rewards -> advantages
-        rewards = batch.rewards
-        if algo.overlong_buffer:
-            lengths = torch.tensor([t.generated_tokens for t in batch.trajectories])
-            rewards = rewards + overlong_penalty(lengths, args.max_new_tokens * (args.max_turns + 1),
-                                                 algo.overlong_buffer * (args.max_turns + 1))
+        # -- rewards -> advantages (GRASP compares each group with the accuracy of earlier batches)
+        rewards = shaped_rewards(batch, algo, args)
         correct = torch.tensor([float(bool(t.correct)) for t in batch.trajectories])
-        state["running_accuracy"] = 0.9 * state["running_accuracy"] + 0.1 * float(correct.mean())
         adv = compute_advantages(algo.advantage, AdvantageInput(rewards, batch.group_index, correct,
                                                                 state["running_accuracy"]), algo.config)
-        keep = dynamic_sampling_keep(rewards, batch.group_index) if algo.dynamic_sampling else torch.ones(len(adv), dtype=torch.bool)
+        sampled_acc = sum(bool(t.correct) for t in filled.sampled) / max(1, len(filled.sampled))
+        state["running_accuracy"] = 0.9 * state["running_accuracy"] + 0.1 * sampled_acc
 
         # -- update
         t0 = time.perf_counter()
-        losses = update_policy(model, reference, encoder, optimizer, batch, adv, keep, algo, args, correct)
+        losses = (update_policy(model, reference, encoder, optimizer, batch, adv, None, algo, args, correct)
+                  if batch.trajectories else {"losses/skipped": 1.0})
         t_update = time.perf_counter() - t0
 
         # -- log / evaluate / checkpoint
         done = step + 1
-        metrics = {**rollout_metrics(batch.trajectories), **losses,
-                   "rollout/advantage_abs": float(adv.abs().mean()), "rollout/kept_share": float(keep.float().mean()),
+        metrics = {**rollout_metrics(filled.sampled), **losses,
+                   "rollout/advantage_abs": float(adv.abs().mean()) if len(adv) else 0.0,
+                   "rollout/kept_share": len(batch.trajectories) / max(1, len(filled.sampled)),
+                   "rollout/gen_rounds": filled.rounds, "rollout/groups": len({t.group for t in batch.trajectories}),
                    "time/rollout_s": t_rollout, "time/generation_s": batch.timings.get("generation_s", 0.0),
                    "time/env_wait_s": batch.timings.get("env_wait_s", 0.0), "time/update_s": t_update,
                    "time/tokens_per_s": batch.timings.get("generated_tokens", 0) / max(1e-9, batch.timings.get("generation_s", 0.0)),
@@ -273,39 +356,52 @@ def main(args: Args) -> dict[str, float] | int:
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", acc=f"{metrics['rollout/accuracy']:.2f}")
         if done % args.save_every == 0 or done == args.steps:
             state["wall_s"] = time.perf_counter() - t_start
-            save_checkpoint(out, done, model, optimizer, state)
+            save_checkpoint(out, done, model, optimizer, state, keep=args.keep, encoder=encoder,
+                            run_info={**saved, "step": done})
 
-    if args.save_final:
-        save_policy(model, encoder, out / "final")
+    if args.save_final and (args.steps > start_step or not (out / "final").exists()):
+        save_policy(model, encoder, out / "final", {**saved, "step": max(start_step, args.steps)})
     logger.close()
     pool.close()
     eval_pool.close()
     return metrics if args.steps > start_step else {}
 
 
-def verl_argv(argv: list[str]) -> list[str] | None:
-    """``argv`` without ``--engine verl`` when it asks for verl (``None`` otherwise), so the verl
-    launcher gets its own flags (``--dry-run``, ``key=value`` overrides) untouched.
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m train.grpo ...``: parse (strictly, unless ``--engine verl``), run, exit code.
 
-    >>> verl_argv(["--engine", "verl", "--dry-run", "data.train_batch_size=16"])
-    ['--dry-run', 'data.train_batch_size=16']
-    >>> verl_argv(["--steps", "3"]) is None
-    True
+    With ``--engine verl`` the native flags that have a verl counterpart (``--group-size``,
+    ``--algo``, ``--lr``, ...) are translated by the launcher; its own flags (``--dry-run``) and
+    ``key=value`` overrides pass through untouched."""
+    prog = "python -m train.grpo"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if verl_requested(argv):
+        args, rest = parse_args_known(argv, prog)
+
+        def launch() -> int:
+            from train.verl_integration.launch import argv_from_native, run
+
+            return run(argv_from_native(args) + rest)
+        return run_cli(prog, launch)
+    args = parse_args(Args, argv, prog=prog)
+    return run_cli(prog, lambda: main(args))
+
+
+def verl_requested(argv: list[str]) -> bool:
+    """``--engine verl`` (or ``--engine=verl``) in ``argv``.
+
+    >>> verl_requested(["--engine", "verl", "--dry-run"]), verl_requested(["--steps", "3"])
+    (True, False)
     """
-    for i, arg in enumerate(argv):
-        if arg == "--engine=verl":
-            return argv[:i] + argv[i + 1:]
-        if arg == "--engine" and argv[i + 1:i + 2] == ["verl"]:
-            return argv[:i] + argv[i + 2:]
-    return None
+    return "--engine=verl" in argv or any(a == "--engine" and argv[i + 1:i + 2] == ["verl"]
+                                          for i, a in enumerate(argv))
+
+
+def parse_args_known(argv: list[str], prog: str):
+    from medvqa_env.cli import parse_dataclass
+
+    return parse_dataclass(Args, argv, prog=prog, known_only=True)
 
 
 if __name__ == "__main__":
-    forwarded = verl_argv(sys.argv[1:])
-    if forwarded is not None:
-        from train.verl_integration.launch import run
-
-        raise SystemExit(run(forwarded))
-    result = main(parse_args(Args))
-    if isinstance(result, int):  # the verl launcher returns an exit code
-        raise SystemExit(result)
+    sys.exit(cli())

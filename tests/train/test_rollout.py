@@ -8,8 +8,10 @@ import torch
 
 from agents.models import ChatEncoder, load_policy, tiny_bpe_tokenizer
 from train.batching import from_trajectory, gold_answer_sequence, pad_batch, response_logprobs
-from train.env_pool import LocalEnvPool
-from train.rollout import HFGenerator, ScriptedGenerator, collect_rollouts, group_requests
+from medvqa_env.pool import EnvPool
+from train.algorithms import dynamic_sampling_keep
+from train.rollout import (HFGenerator, RolloutBatch, ScriptedGenerator, Trajectory, collect_rollouts, fill_groups,
+                           group_requests)
 
 ZOOM = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 64, 64]}}</tool_call>'
 
@@ -26,7 +28,7 @@ def vlm():
 
 @pytest.fixture(scope="module")
 def pool():
-    p = LocalEnvPool({"dataset": "embedded", "split": "test", "tools": ["image_zoom_in"], "max_turns": 1}, size=4)
+    p = EnvPool({"dataset": "embedded", "split": "test", "tools": ["image_zoom_in"], "max_turns": 1}, size=4)
     yield p
     p.close()
 
@@ -89,3 +91,33 @@ def test_grasp_sequence_puts_gold_answer_after_own_reasoning(pool):
     context = enc.tokenizer.decode([i for i, m in zip(seq.response_ids, seq.response_mask) if not m])
     assert trained == "\\boxed{yes}<|im_end|>"
     assert context.endswith("<|im_start|>assistant\nLooks clear. ") and "boxed{no}" not in context
+
+
+def _round_of(rewards_per_group):
+    """A generation round whose group g has the rewards ``rewards_per_group[g]``."""
+    trajs = [Trajectory(slot=len(rewards_per_group[0]) * g + k, group=g, prompt_ids=[g], reward=float(r))
+             for g, rs in enumerate(rewards_per_group) for k, r in enumerate(rs)]
+    return RolloutBatch(trajs, [None] * len(trajs), {"generation_s": 1.0})
+
+
+def _spread(batch):
+    return dynamic_sampling_keep(batch.rewards, batch.group_index)
+
+
+def test_dynamic_sampling_refills_to_the_requested_group_count():
+    rounds = [[[1, 1], [1, -1], [-1, -1]], [[-1, -1], [-1, -1], [1, 1]], [[1, -1], [-1, 1], [1, -1]]]
+    calls = []
+    out = fill_groups(lambda r: calls.append(r) or _round_of(rounds[r]), want_groups=3, keep=_spread, max_rounds=5)
+    assert calls == [0, 1, 2] and out.rounds == 3
+    assert [t.group for t in out.batch.trajectories] == [0, 0, 1, 1, 2, 2]  # renumbered, extras of round 2 dropped
+    assert all(float(torch.tensor([t.reward for t in out.batch.trajectories[i:i + 2]]).std()) > 0 for i in (0, 2, 4))
+    assert len(out.sampled) == 18 and out.batch.timings["generation_s"] == 3.0
+
+
+def test_dynamic_sampling_is_bounded_and_says_so():
+    out = fill_groups(lambda r: _round_of([[1, 1], [-1, -1]]), want_groups=2, keep=_spread, max_rounds=4)
+    assert out.rounds == 4 and out.batch.trajectories == [] and len(out.sampled) == 16
+    everything = fill_groups(lambda r: _round_of([[1, 1], [-1, -1]]), want_groups=2)  # no filter: one round
+    assert everything.rounds == 1 and len(everything.batch.trajectories) == 4
+    with pytest.raises(ValueError, match="max_rounds"):
+        fill_groups(lambda r: _round_of([[1, 1]]), want_groups=1, max_rounds=0)

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import torch
 
 from agents.models import ChatEncoder, Encoded, mm_token_type_ids
 from medvqa_env.chat import Conversation
-from train.env_pool import EnvPool, ResetRequest
+from medvqa_env.pool import EnvPool, ResetRequest
 
 
 class Generator(Protocol):
@@ -240,6 +240,63 @@ def collect_rollouts(generator: Generator, pool: EnvPool, encoder: ChatEncoder, 
         active = next_active
     timings["total_s"] = time.perf_counter() - start
     return RolloutBatch(trajs, prompts, dict(timings))
+
+
+class FilledBatch(NamedTuple):
+    """What :func:`fill_groups` gathered: the kept groups (renumbered 0..k-1), how many generation
+    rounds it took, and every trajectory sampled on the way (for honest rollout metrics)."""
+
+    batch: RolloutBatch
+    rounds: int
+    sampled: list[Trajectory]
+
+
+def fill_groups(sample_round: Callable[[int], RolloutBatch], want_groups: int,
+                keep: Callable[[RolloutBatch], torch.Tensor] | None = None, max_rounds: int = 1) -> FilledBatch:
+    """DAPO's dynamic sampling with refill: call ``sample_round(r)`` for r = 0, 1, ... and keep the
+    groups ``keep(batch)`` marks (a bool per trajectory, equal within a group) until
+    ``want_groups`` groups are kept or ``max_rounds`` rounds are spent (verl's
+    ``max_num_gen_batches``). Extra kept groups of the last round are dropped, as verl does. With
+    ``keep=None`` every group is kept and one round suffices. Fewer than ``want_groups`` groups come
+    back only when the rounds ran out; the caller logs it.
+
+    >>> from train.algorithms import dynamic_sampling_keep
+    >>> def round_(r):  # slots 2k and 2k+1 form group k; a group whose rewards are equal is dropped
+    ...     rewards = [[1, 1, 1, 0], [0, 1, 0, 1]][r]
+    ...     ts = [Trajectory(slot=i, group=i // 2, prompt_ids=[r], reward=x) for i, x in enumerate(rewards)]
+    ...     return RolloutBatch(ts, [None] * 4, {})
+    >>> out = fill_groups(round_, 2, keep=lambda b: dynamic_sampling_keep(b.rewards, b.group_index), max_rounds=3)
+    >>> out.rounds, len(out.sampled), [(t.group, t.prompt_ids) for t in out.batch.trajectories]
+    (2, 8, [(0, [0]), (0, [0]), (1, [1]), (1, [1])])
+    """
+    if want_groups < 1 or max_rounds < 1:
+        raise ValueError(f"expected want_groups >= 1 and max_rounds >= 1, got {want_groups!r}, {max_rounds!r}")
+    trajs: list[Trajectory] = []
+    prompts: list[Encoded] = []
+    sampled: list[Trajectory] = []
+    timings: Counter = Counter()
+    kept = 0
+    rounds = 0
+    while kept < want_groups and rounds < max_rounds:
+        batch = sample_round(rounds)
+        rounds += 1
+        sampled.extend(batch.trajectories)
+        timings.update(batch.timings)
+        mask = keep(batch).tolist() if keep is not None else [True] * len(batch.trajectories)
+        members: dict[int, list[int]] = {}
+        for i, t in enumerate(batch.trajectories):
+            members.setdefault(t.group, []).append(i)
+        for idx in members.values():
+            if kept >= want_groups:
+                break
+            if not all(mask[i] for i in idx):
+                continue
+            for i in idx:
+                trajs.append(replace(batch.trajectories[i], group=kept))
+                prompts.append(batch.prompts[i])
+            kept += 1
+    timings["gen_rounds"] = rounds
+    return FilledBatch(RolloutBatch(trajs, prompts, dict(timings)), rounds, sampled)
 
 
 def _finish(traj: Trajectory, reward: float, info: dict) -> None:

@@ -5,7 +5,8 @@ are the harness's own: image loading, the env, the zoom tool, the rule reward, s
 appends with fsync. Baseline: every env in the main process (``--workers 0``); then 1 and 2 env
 worker processes; then the same with the agent sleeping 50 ms per ``act_batch`` call (a stand-in
 for a batched model), where worker processes step envs while the agent "thinks".
-"CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds.
+"CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds. Every row runs
+``--reps`` times (rows of a group alternate order), and ratios are reported as min / median.
 Open-answer metrics are off except in the last group, the default evaluation setup, where each
 process scores its finished OPEN episodes with the MiniLM encoder.
 
@@ -16,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eval.runner import EvalConfig, Runner  # noqa: E402
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 from eval.scripted import ScriptedAgent  # noqa: E402
 from medvqa_env.datasets import load_dataset  # noqa: E402
 
@@ -34,29 +38,60 @@ def _dataset(vqa_rad: str | None, limit: int):
     return load_dataset("embedded", split="test")[:limit]
 
 
+class _TimedPool:
+    """``EnvPool`` as the runner builds it, recording how long starting its workers took."""
+
+    started_s = 0.0
+
+    def __new__(cls, *args, **kwargs):
+        from medvqa_env.pool import EnvPool
+
+        t0 = time.perf_counter()
+        pool = EnvPool(*args, **kwargs)
+        cls.started_s = time.perf_counter() - t0
+        return pool
+
+
 def measure(dataset, workers: int, k: int, batch_size: int, delay_s: float = 0.0, gather: str = "all",
             open_metrics: bool = False) -> dict[str, float]:
-    """One full run into a fresh folder; wall time includes starting the workers."""
+    """One full run into a fresh folder; wall time includes starting the workers (also timed alone)."""
+    import eval.runner as runner_module
+
     before = os.times()
-    with tempfile.TemporaryDirectory() as out:
-        cfg = EvalConfig(k=k, workers=workers, batch_size=batch_size, progress=False, open_metrics=open_metrics,
-                         gather=gather)
-        agent = ScriptedAgent(delay_s=delay_s)
-        t0 = time.perf_counter()
-        rows = Runner(agent, dataset, cfg, out).run()
-        wall = time.perf_counter() - t0
+    runner_module.EnvPool = _TimedPool
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = EvalConfig(k=k, workers=workers, batch_size=batch_size, progress=False, open_metrics=open_metrics,
+                             gather=gather)
+            agent = ScriptedAgent(delay_s=delay_s)
+            t0 = time.perf_counter()
+            rows = Runner(agent, dataset, cfg, out).run()
+            wall = time.perf_counter() - t0
+    finally:
+        from medvqa_env.pool import EnvPool
+
+        runner_module.EnvPool = EnvPool
     after = os.times()
     main_cpu = (after.user - before.user) + (after.system - before.system)
     worker_cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     batches = agent.batch_sizes
     n = len(rows)
-    main_ms, worker_ms = 1e3 * main_cpu / n, 1e3 * worker_cpu / n
-    # What 2 idle cores would allow: the main process is serial; everything together shares 2 cores.
-    # (The agent's sleep is wall time, not CPU: it bounds serial rows by itself.)
-    cpu_bound = min(1e3 / main_ms, 2e3 / (main_ms + worker_ms)) if workers else 1e3 / main_ms
-    return {"episodes": n, "wall_s": wall, "eps": n / wall, "cores": (main_cpu + worker_cpu) / wall,
-            "main_ms": main_ms, "worker_ms": worker_ms, "projected": cpu_bound,
+    start = _TimedPool.started_s
+    return {"episodes": n, "wall_s": wall, "eps": n / wall, "start_s": start, "steady_eps": n / max(1e-9, wall - start),
+            "cores": (main_cpu + worker_cpu) / wall, "main_ms": 1e3 * main_cpu / n, "worker_ms": 1e3 * worker_cpu / n,
             "mean_batch": sum(batches) / len(batches), "errors": sum(1 for r in rows if r["error"])}
+
+
+GROUPS = {  # key -> [(row key, label, workers, agent delay, gather, open metrics)]; the first row is the baseline
+    "zero_cost": [("serial", "serial: envs in the main process (baseline)", 0, 0.0, "all", False),
+                  ("workers_1", "1 env worker process", 1, 0.0, "all", False),
+                  ("workers_2", "2 env worker processes", 2, 0.0, "all", False),
+                  ("workers_2_any", "2 env worker processes, gather=any", 2, 0.0, "any", False)],
+    "model_stand_in": [("serial", "serial, agent sleeping 50 ms per act_batch (a model stand-in)", 0, 0.05, "all", False),
+                       ("workers_2", "2 env worker processes, agent sleeping 50 ms per act_batch", 2, 0.05, "all", False)],
+    "open_metrics": [("serial", "serial, open-answer metrics on (MiniLM BERTScore + CosSim)", 0, 0.0, "all", True),
+                     ("workers_2", "2 env worker processes, open-answer metrics on", 2, 0.0, "all", True)],
+}
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -64,50 +99,63 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
     ap.add_argument("--k", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None, help="repetitions of every row (default 3; 1 with --quick)")
+    ap.add_argument("--groups", default=",".join(GROUPS), help=f"which row groups (of {list(GROUPS)})")
+    ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                    "none with --quick)")
     args = ap.parse_args(argv)
     limit, k = (60, 2) if args.quick else (451, 4)
     k = args.k or k
+    reps = args.reps or (1 if args.quick else 3)
     dataset = _dataset(args.vqa_rad, limit)
     batch = 32
-    runs = [  # (name, workers, agent delay, gather, open metrics); ratios are to the first row of a group
-        [("serial: envs in the main process (baseline)", 0, 0.0, "all", False),
-         ("1 env worker process", 1, 0.0, "all", False),
-         ("2 env worker processes", 2, 0.0, "all", False),
-         ("2 env worker processes, gather=any", 2, 0.0, "any", False)],
-        [("serial, agent sleeping 50 ms per act_batch (a model stand-in)", 0, 0.05, "all", False),
-         ("2 env worker processes, agent sleeping 50 ms per act_batch", 2, 0.05, "all", False)],
-        [("serial, open-answer metrics on (MiniLM BERTScore + CosSim)", 0, 0.0, "all", True),
-         ("2 env worker processes, open-answer metrics on", 2, 0.0, "all", True)],
-    ]
-    results = [[(name, measure(dataset, w, k, batch, delay, gather, om)) for name, w, delay, gather, om in group]
-               for group in runs]
+    groups = {g: GROUPS[g] for g in args.groups.split(",") if g}
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for rep in range(reps):  # rows of a group alternate order between repetitions
+        for g, rows in groups.items():
+            for key, _, w, delay, gather, om in (rows if rep % 2 == 0 else rows[::-1]):
+                runs.setdefault((g, key), []).append(measure(dataset, w, k, batch, delay, gather, om))
     load = os.getloadavg()[0]
+    med = statistics.median
+    figures: dict[str, float] = {"episodes": len(dataset) * k, "reps": reps}
+    cmd = f"python benchmarks/bench_eval.py{' --quick' if args.quick else ''}"
     lines = [
         "## Evaluation harness throughput (scripted agent)",
         "",
-        f"`python benchmarks/bench_eval.py{' --quick' if args.quick else ''}` — {len(dataset)} {dataset.name} "
-        f"questions × K={k} = {len(dataset) * k} episodes per row, batch of {batch} live episodes, zoom then "
-        f"answer, rule reward, fsync per loop iteration; wall time includes worker start-up (and, with open "
-        f"metrics, loading the encoder in each process). "
+        f"`{cmd}` — {len(dataset)} {dataset.name} questions × K={k} = {len(dataset) * k} episodes per run, batch of "
+        f"{batch} live episodes, zoom then answer, rule reward, fsync per loop iteration. {reps} repetitions of "
+        "every row, rows of a group alternating order; ratios are per repetition against that repetition's "
+        "serial run, reported as min / median. *Total* includes starting the worker processes (each imports the "
+        "env stack; also shown alone); *steady* leaves that out. "
         f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end (the machine is shared: other jobs "
-        f"compete for the same cores). Ratios compare rows with the same agent cost.",
+        "compete for the same cores).",
         "",
-        "| setup | episodes/s | ratio to serial | CPU cores busy | main CPU ms/ep | worker CPU ms/ep | "
-        "CPU-bound episodes/s on 2 idle cores | mean act_batch | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| setup | episodes/s total, median (min–max) | ratio total, min / median | episodes/s steady, median | "
+        "ratio steady, min / median | worker start s | CPU cores busy | main CPU ms/ep | worker CPU ms/ep | "
+        "mean act_batch | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for group in results:
-        base = group[0][1]["eps"]
-        for name, r in group:
-            lines.append(f"| {name} | {r['eps']:.1f} | {r['eps'] / base:.2f} | {r['cores']:.2f} | "
-                         f"{r['main_ms']:.1f} | {r['worker_ms']:.1f} | {r['projected']:.0f} | "
-                         f"{r['mean_batch']:.1f} | {r['errors']} |")
-    lines += ["", "\"CPU-bound episodes/s on 2 idle cores\" is a projection from the measured CPU "
-              "seconds, not a measurement: min(1000 / main ms, 2000 / (main + worker ms)) with workers, "
-              "1000 / main ms without. It ignores the agent's sleep and start-up."]
+    for g, rows in groups.items():
+        base = runs[(g, rows[0][0])]
+        for key, label, *_ in rows:
+            rs = runs[(g, key)]
+            ratio = [r["eps"] / b["eps"] for r, b in zip(rs, base)]
+            steady = [r["steady_eps"] / b["steady_eps"] for r, b in zip(rs, base)]
+            eps = [r["eps"] for r in rs]
+            f = {"rate": med(eps), "rate_min": min(eps), "rate_max": max(eps), "ratio_min": min(ratio),
+                 "ratio": med(ratio), "steady_rate": med(r["steady_eps"] for r in rs),
+                 "steady_ratio_min": min(steady), "steady_ratio": med(steady), "start_s": med(r["start_s"] for r in rs),
+                 "cores": med(r["cores"] for r in rs), "main_ms": med(r["main_ms"] for r in rs),
+                 "worker_ms": med(r["worker_ms"] for r in rs), "mean_batch": med(r["mean_batch"] for r in rs),
+                 "errors": sum(r["errors"] for r in rs)}
+            figures.update({f"{g}.{key}.{name}": v for name, v in f.items()})
+            lines.append(f"| {label} | {f['rate']:.1f} ({f['rate_min']:.1f}–{f['rate_max']:.1f}) | "
+                         f"{f['ratio_min']:.2f} / {f['ratio']:.2f} | {f['steady_rate']:.1f} | "
+                         f"{f['steady_ratio_min']:.2f} / {f['steady_ratio']:.2f} | {f['start_s']:.2f} | {f['cores']:.2f} | "
+                         f"{f['main_ms']:.1f} | {f['worker_ms']:.1f} | {f['mean_batch']:.1f} | {f['errors']} |")
     lines.append("")
     section = "\n".join(lines)
-    print(section)
+    record("eval", section, figures, cmd, results_dir_arg(args.quick, args.results))
     return section
 
 

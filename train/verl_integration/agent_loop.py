@@ -209,6 +209,8 @@ class MedVQAAgentLoop(AgentLoopBase):
                 preempted += int(out.num_preempted or 0)
                 assistant_turns += 1
                 want_lp = bool(logprobs) or bool(out.log_probs)
+                if want_lp and len(logprobs) < len(mask):  # tokens before the first sampled one (a
+                    logprobs = logprobs + [0.0] * (len(mask) - len(logprobs))  # prompted turn) are mask 0
                 merged, mask, lp = await self.ct_merge_assistant_token(
                     runtime_ids, out.token_ids, mask, logprobs if want_lp else None,
                     assistant_logprobs=list(out.log_probs) if out.log_probs else None)

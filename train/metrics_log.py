@@ -57,9 +57,54 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
     out["rollout/answered"] = sum(t.end_reason == "answer" for t in trajectories) / n
     _, std = group_stats(rewards, groups)
     per_group = {int(g): float(s) for g, s in zip(groups.tolist(), std.tolist())}
+    out.update(open_answer_metrics(trajectories))
     out["groups/reward_var_mean"] = sum(s * s for s in per_group.values()) / len(per_group)
     out["groups/zero_variance_share"] = sum(s <= 1e-8 for s in per_group.values()) / len(per_group)
     return out
+
+
+OPEN_METRICS = ("bleu1", "rouge1", "bertscore", "cosine")
+
+
+def open_answer_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """On OPEN episodes scored by ARMed: ``open/armed_avg`` (the mean of raw BLEU-1, ROUGE-1,
+    BERTScore and cosine, seed 000 §6.2, as ``eval.scoring`` computes it), each metric, and
+    ``open/exact_match`` (normalised). Empty when there are no such episodes.
+
+    >>> from types import SimpleNamespace as T
+    >>> open_answer_metrics([T(answer_type="OPEN", components={"bleu1": 1, "rouge1": 1, "bertscore": .6,
+    ...                                                         "cosine": .4, "accuracy": 1.0}),
+    ...                      T(answer_type="CLOSED", components={"accuracy": 0.0})])
+    {'open/armed_avg': 0.75, 'open/bleu1': 1.0, 'open/rouge1': 1.0, 'open/bertscore': 0.6, 'open/cosine': 0.4, 'open/exact_match': 1.0, 'open/episodes': 1.0}
+    """
+    rows = [t.components for t in trajectories
+            if str(getattr(t, "answer_type", "")).upper().endswith("OPEN") and all(m in t.components for m in OPEN_METRICS)]
+    if not rows:
+        return {}
+    out = {"open/armed_avg": sum(sum(float(c[m]) for m in OPEN_METRICS) / len(OPEN_METRICS) for c in rows) / len(rows)}
+    for m in OPEN_METRICS:
+        out[f"open/{m}"] = sum(float(c[m]) for c in rows) / len(rows)
+    out["open/exact_match"] = sum(float(c.get("accuracy", 0.0)) for c in rows) / len(rows)
+    out["open/episodes"] = float(len(rows))
+    return out
+
+
+def reward_thresholds(state: Any, prefix: str = "reward/threshold_") -> dict[str, float]:
+    """The adaptive thresholds in a reward's ``state_dict`` (any nesting), as ``reward/threshold_<metric>``.
+
+    >>> reward_thresholds({"reward": {"CLOSED": {}, "OPEN": {"thresholds": {"thresholds": {"bertscore": 0.52},
+    ...                                                                  "buffers": {"bertscore": [0.7]}}}}})
+    {'reward/threshold_bertscore': 0.52}
+    """
+    found: dict[str, float] = {}
+    if isinstance(state, Mapping):
+        inner = state.get("thresholds")
+        if isinstance(inner, Mapping) and inner and all(isinstance(v, (int, float)) for v in inner.values()):
+            return {f"{prefix}{k}": float(v) for k, v in inner.items()}
+        for v in state.values():
+            for k, t in reward_thresholds(v, prefix).items():
+                found.setdefault(k, t)
+    return found
 
 
 class MetricsLogger:

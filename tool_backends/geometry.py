@@ -67,11 +67,13 @@ def show_box(box, size: tuple[int, int], coordinates: str = "pixel") -> list:
 
     >>> show_box([10, 20, 30.5, 40], (100, 50), "normalized")
     [0.1, 0.4, 0.305, 0.8]
+    >>> resolve_bbox(show_box([36, 46, 65, 75], (160, 120), "norm1000"), (160, 120), "norm1000")
+    (36, 46, 65, 75)
     """
     w, h = size
     x0, y0, x1, y1 = (float(v) for v in box)
     if coordinates == "normalized":
-        return [round(x0 / w, 3), round(y0 / h, 3), round(x1 / w, 3), round(y1 / h, 3)]
+        return [round(x0 / w, 4), round(y0 / h, 4), round(x1 / w, 4), round(y1 / h, 4)]
     if coordinates == "norm1000":
         return [round(x0 * 1000 / w), round(y0 * 1000 / h), round(x1 * 1000 / w), round(y1 * 1000 / h)]
     return [int(v) if float(v).is_integer() else round(float(v), 1) for v in box]
@@ -98,10 +100,10 @@ def resolve_bbox(bbox: Sequence[float], size: tuple[int, int], coordinates: str 
         raise ToolError(f"coordinates must be one of {list(COORDINATE_SYSTEMS)}, got {coordinates!r}.")
     w, h = size
     x0, y0, x1, y1 = (float(v) for v in bbox)
-    if coordinates == "normalized":
-        x0, x1, y0, y1 = x0 * w, x1 * w, y0 * h, y1 * h
-    elif coordinates == "norm1000":
-        x0, x1, y0, y1 = x0 * w / 1000, x1 * w / 1000, y0 * h / 1000, y1 * h / 1000
+    if coordinates in ("normalized", "norm1000"):  # relative numbers name the nearest pixel edge
+        unit_ = 1.0 if coordinates == "normalized" else 1000.0
+        x0, x1 = (float(round(v * w / unit_)) for v in (x0, x1))
+        y0, y1 = (float(round(v * h / unit_)) for v in (y0, y1))
     if x1 <= x0 or y1 <= y0:
         raise ToolError(f"bbox {list(bbox)} is empty or inverted: need x0 < x1 and y0 < y1.")
     cx0, cy0 = max(0.0, x0), max(0.0, y0)

@@ -26,7 +26,7 @@ from PIL import Image
 
 from medvqa_env.errors import ConfigError, ToolBackendError, ToolError, unknown_name_message
 from medvqa_env.parser import ToolCall
-from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, image_digest
+from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, canonical_arguments, image_digest
 from tool_backends.registry import build_tool
 
 log = logging.getLogger(__name__)
@@ -215,14 +215,19 @@ class Toolbox:
         if backend is None:
             result = ToolResult.failure(unknown_name_message("tool", call.name, self._specs))
             return ToolCallRecord(call.name, call.arguments, result, time.perf_counter() - start)
+        try:  # models' argument names (bbox_2d, img_idx) -> ours, before the cache key and the image choice
+            arguments = (canonical_arguments(self._specs[call.name], call.arguments)
+                         if isinstance(call.arguments, Mapping) else call.arguments)
+        except ToolError as e:
+            return ToolCallRecord(call.name, call.arguments, ToolResult.failure(str(e)), time.perf_counter() - start)
 
-        key = cache_key(call.name, call.arguments, images, context) if self.cache is not None else None
+        key = cache_key(call.name, arguments, images, context) if self.cache is not None else None
         if key is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 return ToolCallRecord(call.name, call.arguments, hit, time.perf_counter() - start, cached=True)
         try:
-            result = backend.call(call.name, images, call.arguments, context)
+            result = backend.call(call.name, images, arguments, context)
         except ToolError as e:  # backends raise these for timeouts, dead servers, bad responses
             result = ToolResult.failure(str(e))
         except Exception as e:  # a tool bug must not end the episode, let alone the run

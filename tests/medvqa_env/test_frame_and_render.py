@@ -74,7 +74,7 @@ def test_normalized_coordinates_still_work_on_a_downscaled_image(huge_env):
     huge_env.reset(options={"index": 0})
     _, _, _, _, info = huge_env.step(call("image_zoom_in", bbox=[0.5, 0.4, 0.6, 0.6], coordinates="normalized"))
     x0, y0, x1, y1 = info["tool_calls"][0]["data"]["region"]
-    assert (x0, y0) == (2048, 409) and (x1, y1) == (2458, 615)  # fractions of the shown 4096x1024
+    assert (x0, y0, x1, y1) == (2048, 410, 2458, 614)  # fractions of the shown 4096x1024, to the nearest pixel
 
 
 def test_tiny_28px_image_runs_every_tool_and_renders(tmp_path):

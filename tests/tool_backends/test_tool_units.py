@@ -47,7 +47,7 @@ def test_derived_images_do_not_inherit_the_digest(scene):
 def test_unknown_engines_suggest_a_name():
     with pytest.raises(ConfigError, match="Did you mean 'classical'"):
         build_tool("segment", engine="clasical")
-    with pytest.raises(ConfigError, match="bad options for segment engine"):
+    with pytest.raises(ConfigError, match="segment engine 'classical' has no option 'wrong'"):
         build_engine("segment", "classical", wrong=1)
 
 
@@ -119,7 +119,9 @@ def test_cli_list_prints_tools_and_engines(capsys):
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "segment  engines: classical, oracle, sam, segment_anything, transformers" in out and "hires_render" in out
+    assert ("segment  engines: classical, medsam2, medsam3, oracle, sam, sam2, sam3, segment_anything, transformers"
+            in out and "hires_render" in out and "segment_text  engines: biomedparse, classical" in out)
+    assert "medsam3  engines: classical, medsam2, medsam3" in out  # the seed's names are listed with their engines
 
 
 def test_disk_cache_pickles_to_the_same_directory(tmp_path):

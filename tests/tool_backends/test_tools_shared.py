@@ -16,8 +16,10 @@ from tool_backends.toolbox import Toolbox
 
 PROFILES = {
     "classical": {"segment": {"engine": "classical"}, "ground": {"engine": "classical"},
-                  "classify": {"engine": "oracle"}, "hires_render": {}, "image_zoom_in": {}},
-    "oracle": {"segment": {"engine": "oracle"}, "ground": {"engine": "oracle"}, "classify": {"engine": "oracle"}},
+                  "classify": {"engine": "oracle"}, "hires_render": {}, "image_zoom_in": {},
+                  "segment_text": {"engine": "classical"}, "medsam2": {"engine": "classical"}},
+    "oracle": {"segment": {"engine": "oracle"}, "ground": {"engine": "oracle"}, "classify": {"engine": "oracle"},
+               "segment_text": {"engine": "oracle"}},
 }
 
 
@@ -115,6 +117,25 @@ def test_hires_and_zoom(toolboxes, backend, scene):
     assert z.ok and z.images and z.data["region"] == [36, 46, 64, 74]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_segment_text(toolboxes, backend, scene):
+    r = call(toolboxes, backend, "classical", scene, "segment_text", {"text": "bright nodule"})
+    mask = rle_to_mask(r.data["mask_rle"])
+    assert r.ok and r.images and (mask & scene.disc_mask).sum() / (mask | scene.disc_mask).sum() > 0.85
+    assert "instance" in r.text and r.data["bbox"] == r.data["boxes"][0]["bbox"]
+    o = call(toolboxes, backend, "oracle", scene, "segment_text", {"text": "the cyst"})
+    assert np.array_equal(rle_to_mask(o.data["mask_rle"]), scene.square_mask) and o.data["boxes"][0]["label"] == "cyst"
+    none = call(toolboxes, backend, "oracle", scene, "segment_text", {"text": "kidney"})
+    assert none.ok and none.data["area_px"] == 0 and "Found nothing" in none.text and not none.images
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seed_name_and_qwen_box_key_over_every_backend(toolboxes, backend, scene):
+    r = call(toolboxes, backend, "classical", scene, "medsam2", {"bbox_2d": scene.disc_box})
+    mask = rle_to_mask(r.data["mask_rle"])
+    assert r.ok and (mask & scene.disc_mask).sum() / (mask | scene.disc_mask).sum() > 0.85
+
+
 BAD_CALLS = [
     ("segment", {}, "needs a prompt"),
     ("segment", {"bbox": [10, 10, 5, 5]}, "empty or inverted"),
@@ -128,6 +149,9 @@ BAD_CALLS = [
     ("classify", {"labels": ["ct", "ct"]}, "distinct"),
     ("classify", {"labels": "ct, mri"}, "must be array"),
     ("hires_render", {"scale": 100}, "<= 8"),
+    ("segment", {"bbox": [0, 0, 9, 9], "bbox_2d": [0, 0, 9, 9]}, "not both"),
+    ("segment_text", {"text": " "}, "non-empty"),
+    ("image_zoom_in", {"bbox_2d": "[1, 2]"}, "at least 4"),
 ]
 
 
@@ -150,6 +174,9 @@ SAME_CALLS = [
     ("oracle", "ground", {"text": "cyst"}),
     ("oracle", "classify", {"labels": ["normal", "nodule"]}),
     ("classical", "segment", {"bbox": "nope"}),
+    ("classical", "segment_text", {"text": "dark cyst", "coordinates": "norm1000"}),
+    ("oracle", "segment_text", {"text": "nodule"}),
+    ("classical", "image_zoom_in", {"bbox_2d": "[500, 300, 700, 600]", "coordinates": "norm1000", "img_idx": 1}),
 ]
 
 

@@ -97,13 +97,20 @@ class BlobTextSegmenter:
 
     def segment_text(self, image: Image.Image, *, text: str, threshold: float = 0.0, max_instances: int = 5,
                      context: ToolContext | None = None, image_index: int = 0) -> list[dict[str, Any]]:
-        out = []
+        out, g = [], gray(image)
+        dark = bool(DARK_WORDS.search(text or ""))
         for b in self.grounder.detect(image, text=text, threshold=threshold, max_boxes=max_instances):
             x0, y0, x1, y1 = (int(round(v)) for v in b["bbox"])
             if x1 - x0 < 1 or y1 - y0 < 1:
                 continue
+            mx, my = max(2, (x1 - x0) // 4), max(2, (y1 - y0) // 4)  # a margin, so the box holds background too
+            x0, y0, x1, y1 = max(0, x0 - mx), max(0, y0 - my), min(g.shape[1], x1 + mx), min(g.shape[0], y1 + my)
             mask = self.segmenter.segment(image, box=(x0, y0, x1, y1))
-            if mask.any():
+            inside, ring = mask[y0:y1, x0:x1], ~mask[y0:y1, x0:x1]
+            if not inside.any() or not ring.any():
+                continue
+            brighter = g[y0:y1, x0:x1][inside].mean() > g[y0:y1, x0:x1][ring].mean()
+            if brighter != dark:  # keep what has the polarity the text asked for
                 out.append({"mask": mask, "score": b["score"], "label": text})
         return out
 

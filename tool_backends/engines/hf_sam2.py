@@ -54,6 +54,17 @@ def upsample_logits(logits, size: tuple[int, int]):
     return out.reshape(*lead, size[1], size[0])
 
 
+def save_with_preprocessor(model, path: str, side: int, mean, std) -> None:
+    """``model.save_pretrained(path)`` plus the ``preprocessor_config.json`` values
+    :func:`preprocessor_settings` reads back."""
+    import json
+    from pathlib import Path
+
+    model.save_pretrained(path)
+    config = {"size": {"height": side, "width": side}, "image_mean": list(mean), "image_std": list(std)}
+    (Path(path) / "preprocessor_config.json").write_text(json.dumps(config))
+
+
 def _tiny_vision_sam2() -> dict:
     backbone = dict(model_type="sam2_hiera_det_model", hidden_size=16, num_attention_heads=1, image_size=[256, 256],
                     blocks_per_stage=[1, 1, 2, 1], embed_dim_per_stage=[16, 32, 64, 128],
@@ -109,6 +120,10 @@ class Sam2Segmenter(TorchEngine):
 
     def _tiny(self):
         return tiny_sam2()
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the model and the preprocessing it needs, loadable again with ``model=path``."""
+        save_with_preprocessor(self.model, path, self.side, self.mean, self.std)
 
     def _load(self, path: str):
         from transformers import Sam2Model

@@ -16,8 +16,8 @@ from PIL import Image
 
 from tool_backends.base import ToolContext
 from tool_backends.engines.hf_common import CHAR_VOCAB, EOS_ID, TINY, TorchEngine, build_tiny, tiny_tokenizer
-from tool_backends.engines.hf_sam2 import HALF, HALF_STD, preprocessor_settings, square_pixels, tiny_sam3_vision, \
-    upsample_logits
+from tool_backends.engines.hf_sam2 import (HALF, HALF_STD, preprocessor_settings, save_with_preprocessor,
+                                          square_pixels, tiny_sam3_vision, upsample_logits)
 
 
 def tiny_sam3():
@@ -54,6 +54,11 @@ class Sam3TextSegmenter(TorchEngine):
         self.model.to(device)
         self.mask_threshold = float(mask_threshold)
         self.max_text_tokens = int(max_text_tokens)
+
+    def save_pretrained(self, path: str) -> None:
+        """Write model, tokenizer and preprocessing, loadable again with ``model=path``."""
+        save_with_preprocessor(self.model, path, self.side, self.mean, self.std)
+        self.tokenizer.save_pretrained(path)
 
     def segment_text(self, image: Image.Image, *, text: str, threshold: float = 0.3, max_instances: int = 5,
                      context: ToolContext | None = None, image_index: int = 0) -> list[dict[str, Any]]:

@@ -174,3 +174,45 @@ def test_one_threshold_set_per_step_and_the_state_in_the_checkpoint(run):
     assert set(thresholds["thresholds"]) == {"bertscore", "cosine"}
     (last,) = per_step[STEPS]
     assert (thresholds["thresholds"]["bertscore"], thresholds["thresholds"]["cosine"]) == last
+
+
+def test_our_extra_fields_survive_transferqueue():
+    """What the TQ worker stores per episode (``as_dict`` -> tensordict -> TransferQueue) comes back
+    intact: the nested ``medvqa`` summary (None in one episode, values in another) and
+    ``turn_scores`` of different lengths."""
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from train.verl_integration.config import compose_config
+
+    summaries = [
+        {"record_id": "embedded_train_0002", "end_reason": "length", "answer": None, "correct": None,
+         "reward_components": {"bertscore": 0.0, "threshold_cosine": 0.5}, "tool_names": []},
+        {"record_id": "embedded_train_0030", "end_reason": "answer", "answer": "right lung", "correct": False,
+         "reward_components": {"bertscore": 0.61, "cosine": 0.4, "threshold_cosine": 0.49},
+         "tool_names": ["image_zoom_in", "segment"]},
+    ]
+    fields = []
+    for i, summary in enumerate(summaries):
+        o = AgentLoopOutput(prompt_ids=[1, 2, 3], response_ids=[4] * (i + 2), response_mask=[1] * (i + 2),
+                            reward_score=-0.5 + i, num_turns=3, metrics=AgentLoopMetrics(),
+                            extra_fields={"medvqa": summary, "turn_scores": [0.0] * (2 * i + 1),
+                                          "reward_extra_info": {"score": -0.5 + i}, "min_global_steps": 1})
+        fields.append(o.as_dict())
+    cfg = compose_config(["actor_rollout_ref.model.path=/unused"], device="cpu").transfer_queue
+    OmegaConf.set_struct(cfg, False)
+    cfg.enable = True
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tq.init(cfg)
+        keys = ["a_0_0", "b_0_0"]
+        tq.kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=[{}, {}], partition_id="train")
+        got = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["extra_fields"])["extra_fields"]
+        back = got.tolist() if hasattr(got, "tolist") else list(got)
+        assert back == [f["extra_fields"] for f in fields]
+        tq.close()
+    finally:
+        ray.shutdown()

@@ -76,9 +76,35 @@ def draw_boxes(image: Image.Image, boxes: Sequence[Mapping[str, Any]]) -> Image.
 
 
 def load_mask(path: str, size: tuple[int, int]) -> np.ndarray:
-    """Read an annotated mask file (non-zero = inside), resized to ``size`` = (w, h) if needed."""
-    with Image.open(path) as im:
-        im = im.convert("L")
-        if im.size != tuple(size):
-            im = im.resize(tuple(size), Image.Resampling.NEAREST)
-        return np.asarray(im) > 0
+    """Read an annotated mask file (non-zero = inside), resized to ``size`` = (w, h) if needed.
+
+    Any image format a record's image may use works, with the same path fragment: a NIfTI or DICOM
+    label volume names its slice like the image does (``labels.nii.gz#slice=40``). Unreadable
+    files raise ``OSError`` (the oracle then treats the annotation as absent)."""
+    from medvqa_env.errors import DatasetError
+    from medvqa_env.medical_images import read_medical, sniff_format, split_image_ref
+
+    try:
+        file, options = split_image_ref(path)
+        with open(file, "rb") as f:
+            head = f.read(548)
+        kind = sniff_format(head, file)
+        if kind == "other" and file.lower().endswith(".gz"):
+            kind = "nifti"
+        if kind != "other":
+            with open(file, "rb") as f:
+                labels = read_medical(kind, f.read(), options, f"mask {path!r}", 1 << 30).array
+            im = Image.fromarray((np.asarray(labels) != 0).astype(np.uint8) * 255)
+        else:
+            im = Image.open(file)
+            if options.slice is not None:
+                im.seek(options.slice)
+            if im.mode in ("I", "F") or im.mode.startswith("I;"):  # 16/32-bit label maps: any label is inside
+                im = Image.fromarray((np.asarray(im) != 0).astype(np.uint8) * 255)
+            else:
+                im = im.convert("L")
+    except (DatasetError, ValueError, EOFError) as e:
+        raise OSError(str(e)) from None
+    if im.size != tuple(size):
+        im = im.resize(tuple(size), Image.Resampling.NEAREST)
+    return np.asarray(im) > 0

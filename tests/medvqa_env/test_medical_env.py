@@ -71,3 +71,22 @@ def test_medical_record_through_reset_every_tool_and_render(env, record_id):
     assert calls["classify"]["data"]["top"] == "ct"
     assert env.render().shape[2] == 3
     assert env.step(r"\boxed{yes}")[1] == 1.0
+
+
+def test_oracle_reads_a_nifti_label_volume_as_the_mask(tmp_path):
+    """Annotation masks take the same path fragment as images: a label volume and its slice."""
+    from medvqa_env.records import Mask
+
+    vol = lesion_volume()
+    labels = np.zeros(vol.shape, np.float32)
+    labels[vol > 100] = 3  # label 3 on slice 6 where the lesion is
+    image = f"{write_nifti(tmp_path / 'ct.nii.gz', vol)}#slice=6&window=40,400"
+    mask = f"{write_nifti(tmp_path / 'labels.nii.gz', labels)}#slice=6"
+    record = VQARecord("lab", (image,), "Is there a lesion?", "yes", AnswerType.CLOSED, "medical",
+                       annotations=Annotations(masks=(Mask("lesion", mask),)))
+    env = MedVQAEnv(dataset=VQADataset([record]), tools={"segment_text": {"engine": "oracle"}}, reward=RuleReward())
+    env.reset(options={"index": 0})
+    _, _, _, _, info = env.step(call("segment_text", text="lesion"))
+    x, y = NIFTI_CENTRE
+    assert info["tool_calls"][0]["data"]["bbox"] == [x - R, y - R, x + R + 1, y + R + 1]
+    env.close()

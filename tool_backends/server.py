@@ -269,6 +269,17 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         finally:
             gate.release()
 
+    def json_response(content: dict) -> Response:
+        """Results are plain JSON already (the tool contract): serialise them once, without FastAPI's
+        per-value ``jsonable_encoder`` walk (~0.25 ms for a mask's run lengths)."""
+        try:
+            raw = json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError):  # a tool put numpy or NaN into ``data``: the slow, lenient path
+            from fastapi.encoders import jsonable_encoder
+
+            raw = json.dumps(jsonable_encoder(content), default=str).encode()
+        return Response(content=raw, media_type="application/json")
+
     @app.get("/health")
     async def health():
         cache = service.cache
@@ -300,7 +311,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         payload = await body(request)
         if not isinstance(payload, dict):
             raise HTTPException(400, "expected a JSON object")
-        return {"result": await guarded(one_call, payload)}
+        return json_response({"result": await guarded(one_call, payload)})
 
     @app.post("/call_batch")
     async def call_batch(request: Request):
@@ -309,7 +320,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         calls = payload.get("calls") if isinstance(payload, dict) else None
         if not isinstance(calls, list):
             raise HTTPException(400, "expected {'calls': [...]}")
-        return {"results": await guarded(lambda: [one_call(c) for c in calls])}
+        return json_response({"results": await guarded(lambda: [one_call(c) for c in calls])})
 
     @app.post("/get_observation")
     async def get_observation(request: Request):

@@ -1,10 +1,21 @@
-"""One GRPO training step broken into phases: generation, tool calls, reward, optimiser.
+"""One GRPO training step, phase by phase: the step as it was against the step as it is now.
 
-    python benchmarks/bench_train.py [--quick] [--policy smollm2]
+    python benchmarks/bench_train.py [--quick] [--policy smollm2] [--steps 2] [--threads 2]
 
-Side by side: the same step with the env copies in this process (``local`` pool) and in Ray
-actors (``ray`` pool), where tool calls and rewards run beside generation. Prints a Markdown
-section; ``--out`` also writes it to a file.
+The policy's first turn is a **scripted tool call** (teacher-forced: ``ground`` with the oracle
+engine, the same text for every rollout; the model does not choose it), so every episode makes a
+real tool call in the env and the model samples its answer after the tool's observation. Both
+configurations run the same trainer code (``train.rollout.collect_rollouts``,
+``train.grpo.update_policy``) on the same questions, alternating step by step:
+
+* **baseline** -- the step before issue 13: 1 torch thread, generation in two micro-batches of
+  half the rollouts, the behaviour log-probs from a separate forward pass, every rollout running
+  its own copy of the prompt (``share_prompts=False, reuse_onpolicy_logp=False``);
+* **now** -- ``--threads`` torch threads (both cores), generation in one batch, the behaviour
+  log-probs taken from the training forward (one epoch: the same numbers), each GRPO group's prompt
+  run once for the policy and the reference (:func:`train.batching.response_logprobs`).
+
+"now" runs with the env copies in this process (``local``: a thread pool) and in Ray actors.
 """
 
 from __future__ import annotations
@@ -18,16 +29,46 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 from medvqa_env.datasets import load_dataset  # noqa: E402
 from medvqa_env.parser import parse_action  # noqa: E402
+from medvqa_env.pool import EnvPool  # noqa: E402
 from rewards import default_reward  # noqa: E402
 from rewards.base import RewardInput  # noqa: E402
 from train.algorithms import AdvantageInput, compute_advantages, get_algorithm  # noqa: E402
 from train.common import SHORT_SYSTEM_PROMPT, build_policy, env_kwargs, select_indices  # noqa: E402
-from train.env_pool import make_pool  # noqa: E402
 from train.grpo import Args, update_policy  # noqa: E402
 from train.rollout import HFGenerator, collect_rollouts, group_requests  # noqa: E402
+
+TOOL_TURN = '<tool_call>{"name": "ground", "arguments": {"text": "lesion"}}</tool_call>'
+CONFIGS = {  # name -> (pool backend, torch threads (None: --threads), generation micro-batches, fast update)
+    "baseline": ("thread", 1, 2, False),
+    "now": ("thread", None, 1, True),
+    "now_ray": ("ray", None, 1, True),
+}
+
+
+class ScriptedToolTurn:
+    """A generator whose first turn is ``TOOL_TURN``, teacher-forced (no sampling); later turns
+    come from ``inner`` (the policy)."""
+
+    def __init__(self, inner: HFGenerator) -> None:
+        self.inner = inner
+        enc = inner.encoder
+        self.forced = enc.tokenizer(TOOL_TURN, add_special_tokens=False)["input_ids"] + [enc.eos_token_id]
+
+    def generate(self, contexts, convs):
+        out: list = [None] * len(contexts)
+        sampled = [i for i, c in enumerate(convs) if c.turns > 0]
+        for i, c in enumerate(convs):
+            if c.turns == 0:
+                out[i] = list(self.forced)
+        if sampled:
+            for i, ids in zip(sampled, self.inner.generate([contexts[i] for i in sampled], [convs[i] for i in sampled])):
+                out[i] = ids
+        return out
 
 
 def reward_seconds(batch, dataset) -> float:
@@ -44,83 +85,116 @@ def reward_seconds(batch, dataset) -> float:
     return time.perf_counter() - t0
 
 
-def run_configs(kinds, args: Args, model, encoder, reference, steps: int) -> dict[str, dict[str, float]]:
-    """Alternate the pools step by step (so drifting load on a shared machine hits both alike)."""
+def run_configs(names, args: Args, model, encoder, reference, steps: int, threads: int) -> dict[str, dict[str, float]]:
+    """Alternate the configurations step by step (drifting load on a shared machine hits all alike)."""
     kw = env_kwargs(args.dataset, args.split, args.tools, args.max_turns)
     n = args.prompts_per_step * args.group_size
-    pools = {k: make_pool(k, kw, n, **({"num_workers": 2} if k == "ray" else {})) for k in kinds}
+    pools = {c: EnvPool(kw, n, backend=CONFIGS[c][0], workers=1 if CONFIGS[c][0] == "thread" else 2,
+                        group_size=args.group_size) for c in names}
     dataset = load_dataset(args.dataset, split=args.split)
     idx = select_indices(args.dataset, args.split, args.answer_types)
     algo = get_algorithm(args.algo)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
-    gen = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    keys = ("generation_s", "env_wait_s", "tool_s", "reward_s", "rollout_s", "update_s", "tokens")
-    acc = {k: dict.fromkeys(keys, 0.0) for k in kinds}
-    for step in range(steps + 1):  # step 0 warms up
-        chosen = [idx[(step * args.prompts_per_step + k) % len(idx)] for k in range(args.prompts_per_step)]
-        req, groups = group_requests([(step, i) for i in chosen], args.group_size)
-        for kind in kinds:
-            t0 = time.perf_counter()
-            batch = collect_rollouts(gen, pools[kind], encoder, req, groups, micro_batch=max(1, n // 2))
-            rollout = time.perf_counter() - t0
-            adv = compute_advantages(algo.advantage, AdvantageInput(batch.rewards, batch.group_index), algo.config)
-            t0 = time.perf_counter()
-            update_policy(model, reference, encoder, opt, batch, adv, torch.ones(len(adv), dtype=torch.bool), algo, args)
-            update = time.perf_counter() - t0
-            if step == 0:
-                continue
-            a = acc[kind]
-            a["generation_s"] += batch.timings["generation_s"]
-            a["env_wait_s"] += batch.timings["env_wait_s"]
-            a["tool_s"] += sum(t.tool_latency_s for t in batch.trajectories)
-            a["reward_s"] += reward_seconds(batch, dataset)
-            a["rollout_s"] += rollout
-            a["update_s"] += update
-            a["tokens"] += batch.timings["generated_tokens"]
-    for p in pools.values():
-        p.close()
-    return {k: {m: v / steps for m, v in a.items()} for k, a in acc.items()}
+    gen = ScriptedToolTurn(HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature))
+    keys = ("generation_s", "env_wait_s", "tool_s", "tool_calls", "reward_s", "rollout_s", "update_s", "tokens",
+            "step_s")
+    acc = {c: dict.fromkeys(keys, 0.0) for c in names}
+    before = torch.get_num_threads()
+    try:
+        for step in range(steps + 1):  # step 0 warms up
+            chosen = [idx[(step * args.prompts_per_step + k) % len(idx)] for k in range(args.prompts_per_step)]
+            req, groups = group_requests([(step, i) for i in chosen], args.group_size)
+            for c in (names if step % 2 == 0 else names[::-1]):
+                _, n_threads, gen_batches, fast = CONFIGS[c]
+                torch.set_num_threads(n_threads or threads)
+                t0 = time.perf_counter()
+                batch = collect_rollouts(gen, pools[c], encoder, req, groups, micro_batch=-(-n // gen_batches))
+                rollout = time.perf_counter() - t0
+                adv = compute_advantages(algo.advantage, AdvantageInput(batch.rewards, batch.group_index), algo.config)
+                t1 = time.perf_counter()
+                update_policy(model, reference, encoder, opt, batch, adv, None, algo, args,
+                              share_prompts=fast, reuse_onpolicy_logp=fast)
+                update = time.perf_counter() - t1
+                if step == 0:
+                    continue
+                a = acc[c]
+                a["generation_s"] += batch.timings["generation_s"]
+                a["env_wait_s"] += batch.timings["env_wait_s"]
+                a["tool_s"] += sum(t.tool_latency_s for t in batch.trajectories)
+                a["tool_calls"] += sum(len(t.tool_calls) for t in batch.trajectories)
+                a["reward_s"] += reward_seconds(batch, dataset)
+                a["rollout_s"] += rollout
+                a["update_s"] += update
+                a["step_s"] += rollout + update
+                a["tokens"] += batch.timings["generated_tokens"]
+    finally:
+        torch.set_num_threads(before)
+        for p in pools.values():
+            p.close()
+    return {c: {m: v / steps for m, v in a.items()} for c, a in acc.items()}
 
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny VLM, 1 step per config")
     p.add_argument("--policy", default=None, help="default: tiny-qwen2-vl (quick) or smollm2")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--out", default=None)
+    p.add_argument("--steps", type=int, default=None, help="timed steps per configuration after one warm-up (default 2)")
+    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch threads of 'now'")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {list(CONFIGS)}")
+    p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
+                   "none with --quick)")
     ns = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     torch.set_num_threads(1)
     policy = ns.policy or ("tiny-qwen2-vl" if ns.quick else "smollm2")
-    steps = ns.steps or (1 if ns.quick else 3)
+    steps = ns.steps or (1 if ns.quick else 2)
+    names = [c.strip() for c in ns.configs.split(",") if c.strip()]
     args = Args(policy=policy, answer_types="CLOSED", prompts_per_step=4, group_size=4, max_new_tokens=32,
-                micro_batch=16, tools="ground=oracle", kl_coef=0.01)
+                micro_batch=16, tools="ground=oracle", max_turns=1, kl_coef=0.01, temperature=1.0)
     model, encoder, kind, reference = build_policy(policy, SHORT_SYSTEM_PROMPT, 0, 0, 0, need_reference=True)
-    rows = run_configs(("local", "ray"), args, model, encoder, reference, steps)
+    rows = run_configs(names, args, model, encoder, reference, steps, ns.threads)
     cmd = "python benchmarks/bench_train.py" + (" --quick" if ns.quick else "") + (f" --policy {ns.policy}" if ns.policy else "")
-    lines = ["## Training step: where the time goes", "", f"`{cmd}`", "",
-             f"Policy `{policy}` ({kind}), {args.prompts_per_step} questions x {args.group_size} rollouts, "
-             f"`{args.tools}` tool, up to {args.max_turns} tool turn, {args.max_new_tokens} new tokens per turn, "
-             f"GRPO update with k3 KL; mean of {steps} step(s) after one warm-up, the two pools alternating "
-             f"step by step; torch 1 thread. Tool calls and rewards run inside the env step (in the actors for "
-             f"Ray), so they show up in 'waiting for envs' only when generation does not hide them.", "",
-             "| phase (s per step) | local pool | Ray pool | Ray / local |", "|---|---:|---:|---:|"]
-    names = [("generation", "generation_s"), ("tool calls (sum of latencies)", "tool_s"),
-             ("reward (default reward on the batch)", "reward_s"), ("waiting for envs", "env_wait_s"),
-             ("rollout total", "rollout_s"), ("optimiser (fwd+bwd+step)", "update_s")]
-    for label, key in names:
-        a, b = rows["local"][key], rows["ray"][key]
-        lines.append(f"| {label} | {a:.3f} | {b:.3f} | {b / a if a else float('nan'):.2f} |")
-    for kind_ in ("local", "ray"):
-        r = rows[kind_]
-        lines.append("")
-        lines.append(f"- {kind_}: {r['tokens'] / max(1e-9, r['generation_s']):.1f} generated tokens/s; "
-                     f"step total {r['rollout_s'] + r['update_s']:.2f} s")
+    labels = {"baseline": "baseline (local)", "now": "now (local)", "now_ray": "now (Ray)"}
+    lines = ["## Training step: where the time goes, before and after", "", f"`{cmd}`", "",
+             f"Policy `{policy}` ({kind}), {args.prompts_per_step} questions x {args.group_size} rollouts, first turn a "
+             f"scripted (teacher-forced) `ground` call to the oracle engine, then the policy samples up to "
+             f"{args.max_new_tokens} tokens; GRPO update with k3 KL against a frozen reference, micro-batch "
+             f"{args.micro_batch}; mean of {steps} step(s) after one warm-up, configurations alternating step by step. "
+             f"*baseline*: 1 torch thread, generation in 2 micro-batches, behaviour log-probs by a separate forward, "
+             f"every rollout runs its own prompt. *now*: {ns.threads} torch thread(s), one generation batch, behaviour "
+             f"log-probs from the training forward, each group's prompt run once. Tool calls and rewards run inside "
+             f"the env step (in the actors for Ray).", "",
+             "| phase (s per step) | " + " | ".join(labels[c] for c in names) + " |",
+             "|---|" + "---:|" * len(names)]
+    phases = [("generation", "generation_s"), ("tool calls made", "tool_calls"), ("tool calls (sum of latencies)", "tool_s"),
+              ("reward (default reward on the batch)", "reward_s"), ("waiting for envs", "env_wait_s"),
+              ("rollout total", "rollout_s"), ("optimiser (log-probs, fwd+bwd, step)", "update_s"),
+              ("**step total**", "step_s")]
+    for label, key in phases:
+        fmt = "{:.0f}" if key == "tool_calls" else "{:.3f}"
+        lines.append(f"| {label} | " + " | ".join(fmt.format(rows[c][key]) for c in names) + " |")
+    figures: dict[str, float] = {"steps": steps, "threads": ns.threads}
+    for c in names:
+        r = rows[c]
+        figures.update({f"{c}.{k}": v for k, v in r.items()})
+        figures[f"{c}.tokens_per_s"] = r["tokens"] / max(1e-9, r["generation_s"])
+    lines.append("")
+    if "baseline" in rows:
+        base = rows["baseline"]["step_s"]
+        for c in names:
+            if c != "baseline":
+                figures[f"{c}.speedup"] = base / max(1e-9, rows[c]["step_s"])
+        if "now" in rows:
+            figures["step_speedup"] = figures["now.speedup"]
+            lines.append(f"Step speed-up, now (local) against baseline (local), same run: **{figures['step_speedup']:.2f}×** "
+                         f"(optimiser {rows['baseline']['update_s'] / max(1e-9, rows['now']['update_s']):.2f}×, "
+                         f"generation {rows['baseline']['generation_s'] / max(1e-9, rows['now']['generation_s']):.2f}×).")
+    lines += ["", "Generated tokens/s: " + ", ".join(f"{labels[c]} {figures[f'{c}.tokens_per_s']:.1f}" for c in names)
+              + f". Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if ns.out:
-        Path(ns.out).write_text(text)
+    record("train", text, figures, cmd, results_dir_arg(ns.quick, ns.results))
     return text
 
 

@@ -70,15 +70,22 @@ def pad_batch(seqs: Sequence[Sequence_], pad_id: int) -> TokenBatch:
                       torch.cat(grid) if grid else None)
 
 
-def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperature: float = 1.0) -> torch.Tensor:
+def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperature: float = 1.0,
+                      share_prompts: bool = True) -> torch.Tensor:
     """``[B, R]`` log-probabilities of the response tokens under ``model`` (float32), from
     ``log_softmax(logits / temperature)``: the distribution the rollouts were sampled from (as verl
-    divides the logits by the rollout temperature). SFT uses the default 1."""
+    divides the logits by the rollout temperature). SFT uses the default 1.
+
+    With ``share_prompts`` (text models), rows with the same prompt -- a GRPO group's rollouts --
+    run the prompt once: its key/value cache is computed per distinct prompt and repeated for the
+    group's responses (gradients flow back through the shared prompt). Same values as one
+    forward per row, to float rounding; the prompt costs 1/group_size of the compute."""
     if not temperature > 0:
         raise ValueError(f"expected a temperature > 0, got {temperature!r}")
     device = next(model.parameters()).device
     kwargs = {"input_ids": batch.input_ids.to(device), "attention_mask": batch.attention_mask.to(device)}
     rw = batch.response_ids.shape[1]
+    shared = prompt_groups(batch) if share_prompts and batch.pixel_values is None else None
     if batch.pixel_values is not None:
         kwargs.update(pixel_values=batch.pixel_values.to(device, model.dtype),
                       image_grid_thw=batch.image_grid_thw.to(device),
@@ -86,12 +93,52 @@ def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperatur
     else:
         pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
         kwargs["position_ids"] = pos.to(device)
-    logits = model(**kwargs, logits_to_keep=rw + 1, use_cache=False).logits[:, :-1].float()
+    if shared is not None:
+        logits = _shared_prompt_logits(model, kwargs, batch.prompt_width, rw, *shared).float()
+    else:
+        logits = model(**kwargs, logits_to_keep=rw + 1, use_cache=False).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = batch.response_ids.to(device)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return logp  # padding positions hold junk; callers multiply by response_mask
+
+
+def prompt_groups(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first row of each distinct prompt, distinct-prompt index of each row)``, or ``None`` when
+    no two rows share a prompt (nothing to save).
+
+    >>> b = pad_batch([Sequence_([1, 2], [3], [1]), Sequence_([1, 2], [4, 5], [1, 1]), Sequence_([7], [8], [1])], 0)
+    >>> first, inverse = prompt_groups(b)
+    >>> sorted(first.tolist()), inverse.tolist()[0] == inverse.tolist()[1] != inverse.tolist()[2]
+    ([0, 2], True)
+    """
+    pw = batch.prompt_width
+    key = torch.cat([batch.input_ids[:, :pw], batch.attention_mask[:, :pw]], dim=1)
+    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if len(unique) == len(key):
+        return None
+    first = torch.full((len(unique),), len(key), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(key)), reduce="amin")
+    return first, inverse
+
+
+def _shared_prompt_logits(model, kwargs: dict, pw: int, rw: int, first: torch.Tensor, inverse: torch.Tensor):
+    """Logits at the ``rw`` positions that predict the response tokens, running each distinct prompt
+    once (see :func:`response_logprobs`)."""
+    device = kwargs["input_ids"].device
+    first, inverse = first.to(device), inverse.to(device)
+    ids, attn, pos = kwargs["input_ids"], kwargs["attention_mask"], kwargs["position_ids"]
+    prompt = model(input_ids=ids[first, :pw], attention_mask=attn[first, :pw], position_ids=pos[first, :pw],
+                   use_cache=True, logits_to_keep=1)
+    head = prompt.logits[:, -1:][inverse]  # the last prompt position predicts response token 0
+    if rw == 1:
+        return head
+    cache = prompt.past_key_values
+    cache.reorder_cache(inverse)  # one copy of the prompt's keys/values per row (index_select: differentiable)
+    rest = model(input_ids=ids[:, pw:pw + rw - 1], attention_mask=attn[:, :pw + rw - 1],
+                 position_ids=pos[:, pw:pw + rw - 1], past_key_values=cache, use_cache=True).logits
+    return torch.cat([head, rest], dim=1)
 
 
 def micro_batches(n: int, size: int) -> list[slice]:

@@ -158,13 +158,17 @@ def dispatch_verl(args: Args):
 # ==============================================================================================
 # One update
 # ==============================================================================================
-def update_policy(model, reference, encoder, optimizer, batch, advantages, keep, algo, args, correct=None):
+def update_policy(model, reference, encoder, optimizer, batch, advantages, keep, algo, args, correct=None, *,
+                  share_prompts=True, reuse_onpolicy_logp=True):
     """``args.update_epochs`` gradient steps on the kept rollouts (``keep=None``: all); returns the
     metrics averaged over the epochs.
 
     The behaviour policy's log-probs (and the reference's) are computed once, before the first
     epoch, at the sampling temperature, and reused by every epoch: the first epoch is on-policy
-    (ratio 1), later ones see the ratio move and the clipping act."""
+    (ratio 1), later ones see the ratio move and the clipping act. With one epoch
+    (``reuse_onpolicy_logp``) the behaviour log-probs are the training forward's own, detached:
+    the same numbers without a second forward. ``share_prompts``: a group's prompt runs once
+    (:func:`train.batching.response_logprobs`)."""
     idx = list(range(len(advantages))) if keep is None else [i for i, k in enumerate(keep.tolist()) if k]
     if not idx:
         return {"losses/skipped": 1.0}
@@ -181,16 +185,19 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
     slices = micro_batches(len(seqs), args.micro_batch)
     padded = [pad_batch(seqs[sl], encoder.pad_token_id) for sl in slices]
     # ---- behaviour and reference log-probs: once per rollout batch, before any update
+    reuse = reuse_onpolicy_logp and args.update_epochs == 1
     with torch.no_grad():
-        old_logps = [response_logprobs(model, mb, encoder, temperature) for mb in padded]
-        refs = [_reference_logprobs(model, reference, mb, encoder, temperature) if algo.config.kl_coef else None
-                for mb in padded]
+        old_logps = [None if reuse else response_logprobs(model, mb, encoder, temperature, share_prompts)
+                     for mb in padded]
+        refs = [_reference_logprobs(model, reference, mb, encoder, temperature, share_prompts) if algo.config.kl_coef
+                else None for mb in padded]
     total_tokens = sum(sum(s.response_mask) for s in seqs)
     token_mean = algo.config.loss_agg == "token-mean"
     metrics: dict[str, float] = {}
     for _ in range(args.update_epochs):
         for sl, mb, old, ref in zip(slices, padded, old_logps, refs):
-            logp = response_logprobs(model, mb, encoder, temperature)
+            logp = response_logprobs(model, mb, encoder, temperature, share_prompts)
+            old = logp.detach() if old is None else old
             extra = {}
             if sft_seqs is not None:
                 pairs = [(s, w) for s, w in zip(sft_seqs[sl], sft_w[sl].tolist()) if s is not None]
@@ -231,12 +238,12 @@ def shaped_rewards(batch, algo, args) -> torch.Tensor:
     return rewards
 
 
-def _reference_logprobs(model, reference, mb, encoder, temperature=1.0):
+def _reference_logprobs(model, reference, mb, encoder, temperature=1.0, share_prompts=True):
     if reference is not None:
-        return response_logprobs(reference, mb, encoder, temperature)
+        return response_logprobs(reference, mb, encoder, temperature, share_prompts)
     if hasattr(model, "disable_adapter"):  # LoRA: the base model is the reference
         with model.disable_adapter():
-            return response_logprobs(model, mb, encoder, temperature)
+            return response_logprobs(model, mb, encoder, temperature, share_prompts)
     return None
 
 

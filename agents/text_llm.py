@@ -57,7 +57,7 @@ class TextLLMAgent(Agent):
         if max_new_tokens < 1 or batch_size < 1 or temperature < 0:
             raise ValueError(f"expected max_new_tokens >= 1, batch_size >= 1, temperature >= 0, got "
                              f"{max_new_tokens!r}, {batch_size!r}, {temperature!r}")
-        from agents.models import resolve_device, resolve_dtype
+        from agents.devices import resolve_device, resolve_dtype
 
         self.model_name = model if isinstance(model, str) else type(model).__name__
         device, dtype = resolve_device(device), resolve_dtype(dtype)

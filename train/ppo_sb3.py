@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from agents.baselines import AnswerPriorAgent
-    from agents.models import resolve_device
+    from agents.devices import resolve_device
     from agents.sb3_wrapper import answer_vocabulary
 
     torch.set_num_threads(args.torch_threads)

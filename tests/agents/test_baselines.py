@@ -113,7 +113,7 @@ def test_registry_builds_by_name_and_fails_helpfully(tiny_annotated):
         build_agent("oracel")
     with pytest.raises(ConfigError, match="needs dataset"):
         build_agent("oracle")
-    with pytest.raises(ConfigError, match="bad options for agent 'random'"):
+    with pytest.raises(ConfigError, match="agent 'random' has no option 'temperature'"):
         build_agent("random", temperature=2)
 
 

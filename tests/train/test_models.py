@@ -89,7 +89,7 @@ def test_smollm2_from_gguf_is_cached_as_safetensors():
 
 # ---- devices, dtypes, Hub ids, missing folders (issue 11) ------------------------------------
 def test_device_and_dtype_resolution():
-    from agents.models import resolve_device, resolve_dtype
+    from agents.devices import resolve_device, resolve_dtype
 
     assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("float16") is torch.float16
     assert resolve_dtype(torch.float32) is torch.float32

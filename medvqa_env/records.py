@@ -8,10 +8,44 @@ the env, the tools, the rewards and the evaluation never look at a dataset's own
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from medvqa_env.errors import DatasetError
+
+MIN_MCQ_OPTIONS = 2
+
+
+def answer_text(value: Any) -> str:
+    """One ground-truth answer string from a manifest value; the one rule every loader uses.
+
+    A string or number is kept (stripped). A list holding one distinct value is that value. A list
+    of several values is refused: it may mean "any of these" (alternatives) or "all of these" (a
+    multi-part answer), and scoring against one string cannot honour either silently. A loader
+    whose format documents alternatives (VQA-Med's ``#``) picks the first itself and keeps the rest
+    in ``metadata["answer_alternatives"]``.
+
+    >>> answer_text(" Yes "), answer_text(3), answer_text(["left", "left"])
+    ('Yes', '3', 'left')
+    >>> answer_text(["a", "b"])
+    Traceback (most recent call last):
+    ...
+    medvqa_env.errors.DatasetError: answer is a list of 2 values ['a', 'b']; a record has one ground-truth answer: write one string (the answer, or the parts joined, e.g. 'a and b')
+    """
+    if isinstance(value, (list, tuple)):
+        distinct = list(dict.fromkeys(str(v).strip() for v in value if str(v).strip()))
+        if len(distinct) != 1:
+            raise DatasetError(f"answer is a list of {len(value)} values {list(value)!r:.120}; a record has one "
+                               f"ground-truth answer: write one string (the answer, or the parts joined, e.g. "
+                               f"'a and b')")
+        value = distinct[0]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DatasetError(f"expected the answer to be a string, got {type(value).__name__} {value!r:.60}")
+    text = str(value).strip()
+    if not text:
+        raise DatasetError("the answer is empty")
+    return text
 
 
 class AnswerType(str, enum.Enum):
@@ -45,17 +79,28 @@ class Box:
     bbox: tuple[float, float, float, float]
     image_index: int = 0
 
+    def __post_init__(self) -> None:
+        if len(self.bbox) != 4 or not self.bbox[0] <= self.bbox[2] or not self.bbox[1] <= self.bbox[3]:
+            raise DatasetError(f"box {self.label!r}: expected bbox [x0, y0, x1, y1] with x0 <= x1 and y0 <= y1, "
+                               f"got {list(self.bbox)!r}")
+
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "bbox": list(self.bbox), "image_index": self.image_index}
 
 
 @dataclass(frozen=True)
 class Mask:
-    """An annotated binary mask stored as an image file (non-zero = inside)."""
+    """An annotated binary mask stored as an image file (non-zero = inside); ``path`` is made
+    absolute when the mask is created, so a later ``chdir`` does not break it."""
 
     label: str
     path: str
     image_index: int = 0
+
+    def __post_init__(self) -> None:
+        if not str(self.path).strip():
+            raise DatasetError(f"mask {self.label!r} has an empty path")
+        object.__setattr__(self, "path", os.path.abspath(str(self.path)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "path": self.path, "image_index": self.image_index}
@@ -82,25 +127,50 @@ class Annotations:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "Annotations":
+        """``{"boxes": [{"label", "bbox", "image_index"}], "masks": [{"label", "path", ...}],
+        "labels": [...]}``; a malformed entry raises :class:`DatasetError` naming it."""
         if not data:
             return cls()
-        boxes = tuple(
-            Box(str(b["label"]), tuple(float(v) for v in b["bbox"]), int(b.get("image_index", 0)))
-            for b in data.get("boxes", ())
-        )
-        masks = tuple(
-            Mask(str(m["label"]), str(m["path"]), int(m.get("image_index", 0)))
-            for m in data.get("masks", ())
-        )
-        return cls(boxes=boxes, masks=masks, labels=tuple(data.get("labels", ())))
+        if not isinstance(data, Mapping):
+            raise DatasetError(f"expected annotations to be an object with boxes/masks/labels, got {data!r:.80}")
+        unknown = sorted(set(data) - {"boxes", "masks", "labels"})
+        if unknown:
+            raise DatasetError(f"annotations: unknown key(s) {unknown}; expected boxes, masks, labels")
+
+        def entries(kind: str, build):
+            out = []
+            for i, item in enumerate(data.get(kind) or ()):
+                try:
+                    out.append(build(item))
+                except DatasetError as e:
+                    raise DatasetError(f"annotations.{kind}[{i}]: {e}") from None
+                except (KeyError, TypeError, ValueError) as e:
+                    raise DatasetError(f"annotations.{kind}[{i}]: {type(e).__name__}: {e} in {item!r:.80}") from None
+            return tuple(out)
+
+        boxes = entries("boxes", lambda b: Box(str(b["label"]), tuple(float(v) for v in b["bbox"]),
+                                               int(b.get("image_index", 0))))
+        masks = entries("masks", lambda m: Mask(str(m["label"]), str(m["path"]), int(m.get("image_index", 0))))
+        labels = data.get("labels") or ()
+        if isinstance(labels, str) or not all(isinstance(v, str) for v in labels):
+            raise DatasetError(f"annotations.labels: expected a list of strings, got {labels!r:.80}")
+        return cls(boxes=boxes, masks=masks, labels=tuple(labels))
 
 
 @dataclass(frozen=True)
 class VQARecord:
-    """One medical VQA question.
+    """One medical VQA question (the full schema, with an example per answer type, is in
+    ``docs/datasets.md``).
 
-    ``image_paths`` are absolute paths (loaders resolve them); ``options`` maps MCQ letters to
-    option text (empty for CLOSED/OPEN); ``answer`` is the ground truth text (for MCQ: the letter).
+    ``image_paths`` are made absolute when the record is created (relative ones resolve against
+    the working directory at that moment), so a later ``chdir`` does not break a loaded dataset; an
+    entry may carry an image fragment (``ct.dcm#window=40,400``, see :mod:`medvqa_env.images`).
+    ``options`` maps MCQ letters to option text (empty for CLOSED/OPEN); ``answer`` is the ground
+    truth text (for MCQ: one of the option letters).
+
+    Creation validates: a non-empty id, question and answer, at least one image, and an MCQ with
+    at least two options whose answer is one of their letters. Each failure is a
+    :class:`DatasetError` naming the record; loaders prefix the file and line.
     """
 
     id: str
@@ -118,14 +188,31 @@ class VQARecord:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.id:
-            raise DatasetError("a record needs a non-empty id")
-        if not self.image_paths:
-            raise DatasetError(f"record {self.id!r} has no image paths")
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise DatasetError(f"a record needs a non-empty id, got {self.id!r}")
+        where = f"record {self.id!r}"
+        if isinstance(self.image_paths, str) or not self.image_paths:
+            raise DatasetError(f"{where} has no image paths (expected a list of paths, got {self.image_paths!r:.80})")
+        if not all(isinstance(p, (str, os.PathLike)) and str(p).strip() for p in self.image_paths):
+            raise DatasetError(f"{where}: expected non-empty image paths, got {list(self.image_paths)!r:.120}")
+        object.__setattr__(self, "image_paths", tuple(os.path.abspath(str(p)) for p in self.image_paths))
+        for name in ("question", "answer"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise DatasetError(f"{where} has an empty {name} (got {value!r:.60})")
         if not isinstance(self.answer_type, AnswerType):
-            object.__setattr__(self, "answer_type", AnswerType.parse(self.answer_type))
-        if self.answer_type is AnswerType.MCQ and not self.options:
-            raise DatasetError(f"record {self.id!r} is MCQ but has no options")
+            try:
+                object.__setattr__(self, "answer_type", AnswerType.parse(self.answer_type))
+            except ValueError as e:
+                raise DatasetError(f"{where}: {e}") from None
+        if self.answer_type is AnswerType.MCQ:
+            if len(self.options) < MIN_MCQ_OPTIONS:
+                raise DatasetError(f"{where} is MCQ but has {len(self.options)} option(s) {dict(self.options)!r:.80}; "
+                                   f"an MCQ needs at least {MIN_MCQ_OPTIONS} (or give the record answer_type "
+                                   f"CLOSED/OPEN)")
+            if self.answer not in self.options:
+                raise DatasetError(f"{where}: MCQ answer {self.answer!r:.60} is not one of its options "
+                                   f"{sorted(self.options)} (the answer of an MCQ is an option letter)")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -140,9 +227,9 @@ class VQARecord:
     def from_dict(cls, data: Mapping[str, Any]) -> "VQARecord":
         return cls(
             id=str(data["id"]),
-            image_paths=tuple(data["image_paths"]),
+            image_paths=(data["image_paths"],) if isinstance(data["image_paths"], str) else tuple(data["image_paths"]),
             question=str(data["question"]),
-            answer=str(data["answer"]),
+            answer=answer_text(data["answer"]),
             answer_type=AnswerType.parse(data["answer_type"]),
             dataset=str(data.get("dataset", "custom")),
             split=str(data.get("split", "test")),
@@ -161,11 +248,11 @@ class VQADataset(Sequence[VQARecord]):
     def __init__(self, records: Sequence[VQARecord], name: str = "custom") -> None:
         self._records = tuple(records)
         self.name = name
-        ids = [r.id for r in self._records]
-        if len(set(ids)) != len(ids):
-            dup = next(i for i in ids if ids.count(i) > 1)
-            raise DatasetError(f"dataset {name!r} has duplicate record id {dup!r}")
-        self._by_id = {r.id: i for i, r in enumerate(self._records)}
+        self._by_id: dict[str, int] = {}
+        for i, r in enumerate(self._records):
+            first = self._by_id.setdefault(r.id, i)
+            if first != i:
+                raise DatasetError(f"dataset {name!r} has duplicate record id {r.id!r} (records {first} and {i})")
 
     def __len__(self) -> int:
         return len(self._records)

@@ -21,6 +21,8 @@ DATASETS: Registry[VQADataset] = Registry("dataset", {
     "pathvqa": "medvqa_env.datasets.pathvqa:load_pathvqa",
     "pmcvqa": "medvqa_env.datasets.pmcvqa:load_pmcvqa",
     "hf": "medvqa_env.datasets.hf:load_hf",
+    "vqamed": "medvqa_env.datasets.vqamed:load_vqamed",
+    "mixture": "medvqa_env.datasets.mixture:load_mixture",
 })
 
 

@@ -22,12 +22,12 @@ import hashlib
 import io
 import os
 import re
-import string
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from medvqa_env.datasets.jsonl import check_image_files, record_from_row
+from medvqa_env.datasets.common import check_image_files, split_key, split_names
+from medvqa_env.datasets.jsonl import record_from_row
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import VQADataset
 
@@ -121,7 +121,7 @@ def _rows_from_disk(folder: Path, split: str) -> tuple[list[dict[str, Any]], str
         raise DatasetError(f"{folder}: cannot load_from_disk: {e}") from None
     if isinstance(loaded, datasets.DatasetDict):
         names = list(loaded)
-        key = next((k for k in (split, _alias(split)) if k in loaded), None)
+        key = next((k for k in (split, *split_names(split)) if k in loaded), None)
         if key is None:
             raise DatasetError(f"{folder}: no split {split!r}; have {names}")
         loaded, where = loaded[key], f"{folder}/{key}"
@@ -139,15 +139,11 @@ def _rows_from_disk(folder: Path, split: str) -> tuple[list[dict[str, Any]], str
     return rows, where
 
 
-def _alias(split: str) -> str:
-    return {"val": "validation", "validation": "val"}.get(split, split)
-
-
 def _split_files(folder: Path, split: str) -> list[Path]:
     files = sorted(p for p in folder.rglob("*") if p.suffix in (".parquet", ".arrow") and p.is_file())
     if not files:
         raise DatasetError(f"{folder}: no dataset_dict.json, state.json, *.parquet or *.arrow files")
-    keys = {split, _alias(split)}
+    keys = {split, *split_names(split)}
 
     def matches(p: Path) -> bool:
         rel = p.relative_to(folder)
@@ -183,24 +179,11 @@ def _rows_from_files(files: list[Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def _answer_letter(row: dict[str, Any]) -> None:
-    """For MCQ rows whose answer is the option text, add the letter as ``answer_label``."""
-    opts = row.get("options")
-    if not opts or row.get("answer_label"):
-        return
-    items = opts.items() if isinstance(opts, Mapping) else zip(string.ascii_uppercase, opts)
-    text = str(row["answer"]).strip().lower()
-    for letter, value in items:
-        if str(value).strip().lower() == text:
-            row["answer_label"] = str(letter).upper()
-            return
-
-
 def load_hf(path: str | Path, split: str = "test", columns: Mapping[str, str] | None = None,
             cache_dir: str | Path | None = None, dataset: str | None = None, limit: int | None = None,
             check_images: bool = True) -> VQADataset:
     """Load a locally stored HF dataset as records (see the module docstring)."""
-    folder = Path(path)
+    folder = Path(path).absolute()
     if not folder.is_dir():
         raise DatasetError(f"HF dataset folder {str(folder)!r} does not exist (load_hf is offline only)")
     name = dataset or folder.name
@@ -220,21 +203,17 @@ def load_hf(path: str | Path, split: str = "test", columns: Mapping[str, str] | 
         images = raw if isinstance(raw, (list, tuple)) else [raw]
         if not images or any(v is None for v in images):
             raise DatasetError(f"{here}: no image in column {cols['image']!r}")
-        answer = row[cols["answer"]]
-        if isinstance(answer, (list, tuple)):
-            answer = answer[0] if answer else None
         out: dict[str, Any] = {
             "id": f"{name}_{split}_{row[cols['id']] if 'id' in cols else i}",
             "image_paths": [image_to_file(v, folder, cache, here) for v in images],
             "question": row[cols["question"]],
-            "answer": answer,
+            "answer": row[cols["answer"]],
         }
         for field in ("answer_type", "options", "answer_label", "modality", "organ", "question_type"):
             if field in cols and row.get(cols[field]) not in (None, ""):
                 out[field] = row[cols[field]]
-        _answer_letter(out)
         try:
-            records.append(record_from_row(out, line=i, dataset=name, split=split, image_root=folder))
+            records.append(record_from_row(out, line=i, dataset=name, split=split_key(split), root=folder, unit="row"))
         except DatasetError as e:
             raise DatasetError(f"{where}: {e}") from None
         if limit is not None and len(records) >= limit:

@@ -17,8 +17,7 @@ import csv
 import re
 from pathlib import Path
 
-from medvqa_env.datasets.common import local_root
-from medvqa_env.datasets.jsonl import check_image_files
+from medvqa_env.datasets.common import check_image_files, local_root
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 

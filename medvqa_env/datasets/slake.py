@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from medvqa_env.datasets.common import canonical_split, local_root
-from medvqa_env.datasets.jsonl import check_image_files, infer_answer_type
+from medvqa_env.datasets.common import canonical_split, check_image_files, local_root
+from medvqa_env.datasets.jsonl import infer_answer_type
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import Annotations, AnswerType, Box, Mask, VQADataset, VQARecord
 

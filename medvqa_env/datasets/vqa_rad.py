@@ -2,7 +2,7 @@
 split by MEVF, with ``images/``) or from a ``qa.jsonl`` manifest.
 
 ``root`` defaults to ``$MEDVQA_VQA_RAD`` or ``../shared/data/vqa_rad`` relative to the working
-directory. All VQA-RAD images are radiographs, CTs or MRIs; ``organ`` is HEAD, CHEST or ABD.
+directory at load time (record paths are stored absolute). All VQA-RAD images are radiographs, CTs or MRIs; ``organ`` is HEAD, CHEST or ABD.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from medvqa_env.datasets.jsonl import check_image_files, infer_answer_type
+from medvqa_env.datasets.common import canonical_split, check_image_files
+from medvqa_env.datasets.jsonl import infer_answer_type
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 
@@ -24,9 +25,8 @@ def default_root() -> Path:
 
 def load_vqa_rad(split: str = "test", root: str | Path | None = None, limit: int | None = None,
                  answer_types: tuple[str, ...] | None = None) -> VQADataset:
-    root = Path(root) if root else default_root()
-    if split not in SPLIT_FILES:
-        raise DatasetError(f"VQA-RAD splits are {sorted(SPLIT_FILES)}, got {split!r}")
+    root = Path(os.path.abspath(root or default_root()))
+    split = canonical_split(split, tuple(SPLIT_FILES), "VQA-RAD")
     candidates = [root / "source" / SPLIT_FILES[split], root / SPLIT_FILES[split]]
     manifest = next((p for p in candidates if p.is_file()), None)
     if manifest is None:

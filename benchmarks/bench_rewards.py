@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None) -> str:
               f"(matrix products alone, {c['seconds']:.2f} s). ARMed reaches "
               f"{100 * figures['distinct.armed.cpu_rate'] / c['rate']:.0f}% of it per CPU-second."]
     figures["distinct.ceiling_share"] = figures["distinct.armed.cpu_rate"] / c["rate"]
+    figures["distinct.goal_600_share_of_ceiling"] = 600 / c["rate"]
     lines += ["", f"Agreement, max |difference| of ARMed's metrics from the libraries called one pair at a time "
               f"({naive_n} GRPO samples): " + ", ".join(f"{k} {v:.1e}" for k, v in diff.items())
               + "; from the batched libraries (all distinct): " + ", ".join(f"{k} {v:.1e}" for k, v in diff_batched.items())

@@ -45,6 +45,7 @@ def main(argv=None) -> None:
     p.add_argument("--native", action="append", default=[], help="a native run folder (repeatable)")
     p.add_argument("--out", required=True, help="figure path (.png)")
     p.add_argument("--table", default=None, help="also write a markdown table here")
+    p.add_argument("--title", default="Same task, same SFT start: verl's trainer on CPU vs the native trainer")
     args = p.parse_args(argv)
 
     import matplotlib
@@ -52,8 +53,11 @@ def main(argv=None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = [(f"verl (CPU) {Path(r).name}", verl_curve(Path(r)), "tab:red") for r in args.verl]
-    curves += [(f"native {Path(r).name}", native_curve(Path(r)), "tab:blue") for r in args.native]
+    def name(run: str) -> str:
+        return "/".join(Path(run).resolve().parts[-2:])
+
+    curves = [(f"verl (CPU) {name(r)}", verl_curve(Path(r)), "tab:red") for r in args.verl]
+    curves += [(f"native {name(r)}", native_curve(Path(r)), "tab:blue") for r in args.native]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for label, curve, color in curves:
         steps = sorted(curve)
@@ -65,7 +69,7 @@ def main(argv=None) -> None:
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Same task, same SFT start: verl's trainer on CPU vs the native trainer", fontsize=10)
+    fig.suptitle(args.title, fontsize=10)
     fig.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=110)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eval.runner import EvalConfig, Runner  # noqa: E402
-from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
+from figures import command_line, record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 from eval.scripted import ScriptedAgent  # noqa: E402
 from medvqa_env.datasets import load_dataset  # noqa: E402
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> str:
     load = os.getloadavg()[0]
     med = statistics.median
     figures: dict[str, float] = {"episodes": len(dataset) * k, "reps": reps}
-    cmd = f"python benchmarks/bench_eval.py{' --quick' if args.quick else ''}"
+    cmd = command_line("bench_eval.py", argv)
     lines = [
         "## Evaluation harness throughput (scripted agent)",
         "",

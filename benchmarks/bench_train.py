@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from figures import record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
+from figures import command_line, record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 from medvqa_env.datasets import load_dataset  # noqa: E402
 from medvqa_env.parser import parse_action  # noqa: E402
 from medvqa_env.pool import EnvPool  # noqa: E402
@@ -155,7 +155,7 @@ def main(argv=None) -> str:
                 micro_batch=16, tools="ground=oracle", max_turns=1, kl_coef=0.01, temperature=1.0)
     model, encoder, kind, reference = build_policy(policy, SHORT_SYSTEM_PROMPT, 0, 0, 0, need_reference=True)
     rows = run_configs(names, args, model, encoder, reference, steps, ns.threads)
-    cmd = "python benchmarks/bench_train.py" + (" --quick" if ns.quick else "") + (f" --policy {ns.policy}" if ns.policy else "")
+    cmd = command_line("bench_train.py", argv)
     labels = {"baseline": "baseline (local)", "now": "now (local)", "now_ray": "now (Ray)"}
     lines = ["## Training step: where the time goes, before and after", "", f"`{cmd}`", "",
              f"Policy `{policy}` ({kind}), {args.prompts_per_step} questions x {args.group_size} rollouts, first turn a "

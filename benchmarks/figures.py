@@ -96,6 +96,27 @@ def record(topic: str, section: str, figures: Mapping[str, Any], command: str,
     (results_dir / f"{topic}.json").write_text(json.dumps(payload, indent=1) + "\n")
 
 
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """``python benchmarks/<script> <arguments>`` as it was run (``--results DIR`` left out).
+
+    >>> command_line("bench_x.py", ["--quick", "--results", "/tmp/r", "--k", "2"])
+    'python benchmarks/bench_x.py --quick --k 2'
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--results":
+            skip = True
+            continue
+        if a.startswith("--results="):
+            continue
+        kept.append(a)
+    return " ".join(["python", f"benchmarks/{script}", *kept])
+
+
 def results_dir_arg(quick: bool, given: str | None) -> Path | None:
     """Where a benchmark keeps its results: ``--results`` if given, none for ``--quick`` runs
     (smoke tests must not replace recorded figures), else ``benchmarks/results``."""
@@ -183,7 +204,7 @@ PATH_IN_DOC = re.compile(r"(?<![\w/.\-])((?:%s)/[\w./\-]*[\w\-])" % "|".join(TOP
 def named_paths(text: str) -> list[str]:
     """Repository paths a doc names in code spans or links (``tests/x.py``, ``docs/training_runs/``).
 
-    >>> named_paths("`tests/eval/test_cli.py`, [runs](docs/training_runs/), `eval/accuracy`, `tests/test_*.py`")
+    >>> named_paths("`tests/eval/test_cli.py`, [runs](docs/training_runs/), `eval/accuracy`, `tests/test_*.py`, `eval/open/*`")
     ['tests/eval/test_cli.py', 'docs/training_runs']
     """
     spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"\]\(([^)\s#]+)", text)
@@ -193,7 +214,8 @@ def named_paths(text: str) -> list[str]:
             path, after = m.group(1), span[m.end():m.end() + 1]
             if after in ("*", "<", "{"):  # a pattern, not a path
                 continue
-            if after == "/" or Path(path).suffix.lstrip(".") in FILE_TYPES:  # not a metric like eval/accuracy
+            folder = after == "/" and span[m.end() + 1:m.end() + 2] in ("", " ", ",", ".", ")")  # "docs/x/", not "eval/x/*"
+            if folder or Path(path).suffix.lstrip(".") in FILE_TYPES:  # not a metric like eval/accuracy
                 found.append(path)
     return list(dict.fromkeys(found))
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from eval.scoring import OPEN_METRICS
-from eval.summary import EvalSummary, GroupSummary, MetricValue
+from eval.summary import MAX_FAILURES, EvalSummary, GroupSummary, MetricValue
 
 SKIPPED_ERRORS = ("dataset_error",)  # no question could be asked: counted, but not scored
 
@@ -110,7 +110,8 @@ def summarize_group(rows: Sequence[Mapping[str, Any]], k: int, resamples: int = 
     for r in scored:
         by_q[r["record_id"]].append(r)
     questions = list(by_q.values())
-    g = GroupSummary(n_episodes=len(rows), n_questions=len({r["record_id"] for r in rows}), n_errors=len(errors))
+    g = GroupSummary(n_episodes=len(rows), n_questions=len({r["record_id"] for r in rows}), n_errors=len(errors),
+                     n_scored=len(scored))
 
     def ci(num, den):
         return ratio_with_ci(num, den, resamples, seed)
@@ -155,6 +156,23 @@ def _group_by(rows: Iterable[Mapping[str, Any]], key: str) -> dict[str, list[Map
     return dict(sorted(out.items()))
 
 
+def failed_episodes(rows: Sequence[Mapping[str, Any]], message_chars: int = 300) -> list[dict[str, Any]]:
+    """One entry per episode that recorded an error, in record order (what the report lists).
+
+    >>> failed_episodes([{"record_id": "q1", "sample": 0, "error": {"kind": "dataset_error", "message": "gone"}},
+    ...                  {"record_id": "q2", "sample": 0, "error": None}])
+    [{'record_id': 'q1', 'sample': 0, 'kind': 'dataset_error', 'message': 'gone', 'scored': False}]
+    """
+    out = []
+    for r in rows:
+        err = r.get("error")
+        if err:
+            kind = str(err.get("kind", "unknown"))
+            out.append({"record_id": r["record_id"], "sample": r.get("sample", 0), "kind": kind,
+                        "message": str(err.get("message", ""))[:message_chars], "scored": kind not in SKIPPED_ERRORS})
+    return out
+
+
 def summarize(rows: Sequence[Mapping[str, Any]], k: int = 1, run: Mapping[str, Any] | None = None,
               timing: Mapping[str, float | None] | None = None, resamples: int = 1000, seed: int = 0) -> EvalSummary:
     """The whole :class:`EvalSummary` of a run's rows (order does not matter)."""
@@ -170,9 +188,11 @@ def summarize(rows: Sequence[Mapping[str, Any]], k: int = 1, run: Mapping[str, A
         timing.setdefault("mean_episode_s", float(np.mean([r["timing"]["total_s"] for r in rows])))
         timing.setdefault("mean_agent_s", float(np.mean([r["timing"]["agent_s"] for r in rows])))
         timing.setdefault("mean_env_s", float(np.mean([r["timing"]["env_s"] for r in rows])))
+    failures = failed_episodes(rows)
     s = EvalSummary(
         run=dict(run or {}), k=k, n_episodes=len(rows), n_questions=len({r["record_id"] for r in rows}),
         errors_by_kind=dict(sorted(errors.items())),
+        failures=failures[:MAX_FAILURES], failures_omitted=max(0, len(failures) - MAX_FAILURES),
         metrics_available={"open_metrics": any("armed_avg" in (r.get("metrics") or {}) for r in rows),
                            "judge": any(r.get("judge") is not None for r in rows)},
         timing=timing,

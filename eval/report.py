@@ -12,6 +12,8 @@ from typing import Any, Mapping, Sequence
 
 from eval.summary import EvalSummary, GroupSummary, MetricValue
 
+MAX_LISTED = 50  # failed episodes listed in report.md / report.html
+
 # (field, column title, is a percentage)
 HEADLINE = (
     ("closed_accuracy", "CLOSED acc", True), ("mcq_accuracy", "MCQ acc", True),
@@ -46,7 +48,7 @@ def fmt(m: MetricValue, ci: bool = True, digits: int = 3) -> str:
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
     return out
 
 
@@ -59,12 +61,13 @@ def tables(summary: EvalSummary) -> list[tuple[str, list[str], list[list[str]]]]
     """Every table of the report as ``(title, header, rows)`` (shared by Markdown and HTML)."""
     out = []
     overall = {"all": summary.overall}
-    out.append(("Headline (95% bootstrap CI over questions)", ["Slice", "n", *[t for _, t, _ in HEADLINE]],
-                [[name, str(g.n_episodes), *[fmt(getattr(g, f)) for f, _, _ in HEADLINE]]
+    counts = ["episodes", "scored", "errors"]
+    out.append(("Headline (95% bootstrap CI over questions)", ["Slice", *counts, *[t for _, t, _ in HEADLINE]],
+                [[name, *_counts(g), *[fmt(getattr(g, f)) for f, _, _ in HEADLINE]]
                  for name, g in {**overall, **summary.by_answer_type}.items()]))
     for title, groups in _groups(summary):
-        out.append((f"By {title.lower()}", [title, "episodes", "errors", *[t for _, t, _ in HEADLINE[:6]]],
-                    [[name, str(g.n_episodes), str(g.n_errors), *[fmt(getattr(g, f), ci=False) for f, _, _ in HEADLINE[:6]]]
+        out.append((f"By {title.lower()}", [title, *counts, *[t for _, t, _ in HEADLINE[:6]]],
+                    [[name, *_counts(g), *[fmt(getattr(g, f), ci=False) for f, _, _ in HEADLINE[:6]]]
                      for name, g in groups.items()]))
     open_groups = {"all": summary.overall, **summary.by_dataset}
     out.append(("OPEN answers: ARMed metrics (seed 000 §6.2)", ["Slice", *[t for _, t in OPEN_TABLE]],
@@ -76,7 +79,17 @@ def tables(summary: EvalSummary) -> list[tuple[str, list[str], list[list[str]]]]
                 [[name, *[fmt(getattr(g, f), ci=False) for f, _ in TOOLS],
                   *[fmt(g.tool_calls_by_tool.get(t, MetricValue(0.0)), ci=False) for t in tools]]
                  for name, g in {**overall, **summary.by_answer_type}.items()]))
+    if summary.failures:
+        total, shown = len(summary.failures) + summary.failures_omitted, summary.failures[:MAX_LISTED]
+        rest = f"; the first {len(shown)} listed, all in episodes.jsonl" if total > len(shown) else ""
+        out.append((f"Failed episodes ({total}{rest})", ["Record", "sample", "error", "scored", "message"],
+                    [[f["record_id"], str(f["sample"]), f["kind"], "as wrong" if f["scored"] else "no", f["message"]]
+                     for f in shown]))
     return out
+
+
+def _counts(g: GroupSummary) -> list[str]:
+    return [str(g.n_episodes), str(g.n_scored), str(g.n_errors)]
 
 
 def _run_lines(summary: EvalSummary) -> list[str]:
@@ -85,7 +98,8 @@ def _run_lines(summary: EvalSummary) -> list[str]:
     t = summary.timing
     lines = [f"- agent: `{json.dumps(agent, sort_keys=True)}`",
              f"- dataset: `{run.get('dataset')}` split `{run.get('split')}`, {summary.n_questions} questions, "
-             f"K = {summary.k}, {summary.n_episodes} episodes, seed {run.get('seed')}",
+             f"K = {summary.k}, {summary.n_episodes} episodes ({summary.overall.n_scored} scored), "
+             f"seed {run.get('seed')}",
              f"- tools: `{json.dumps(run.get('tools'))}`, max turns {run.get('max_turns')}, "
              f"answer protocol `{run.get('answer_protocol')}`",
              f"- errors: {json.dumps(summary.errors_by_kind) if summary.errors_by_kind else 'none'}",
@@ -104,6 +118,10 @@ def to_markdown(summary: EvalSummary, title: str | None = None) -> str:
 
 
 # ---- plots --------------------------------------------------------------------------------------
+def _has_values(values: Sequence[MetricValue]) -> bool:
+    return any(v.value is not None for v in values)
+
+
 def _bar(ax, labels: Sequence[str], values: Sequence[MetricValue], title: str) -> None:
     import numpy as np
 
@@ -120,7 +138,8 @@ def _bar(ax, labels: Sequence[str], values: Sequence[MetricValue], title: str) -
 
 
 def plots(summary: EvalSummary) -> dict[str, bytes]:
-    """PNG bytes by name: headline metrics, accuracy by slice, ARMed metrics, tool calls by tool."""
+    """PNG bytes by name: headline metrics, accuracy by slice, ARMed metrics, tool calls by tool.
+    A plot (or a panel of the by-slice plot) with nothing to show is not drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,26 +154,29 @@ def plots(summary: EvalSummary) -> dict[str, bytes]:
         plt.close(fig)
         out[name] = buf.getvalue()
 
+    def bar_plot(name, labels, values, title, size=(6, 3.5)):
+        if _has_values(values):
+            fig, ax = plt.subplots(figsize=size)
+            _bar(ax, labels, values, title)
+            save(fig, name)
+
     g = summary.overall
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    _bar(ax, [t for _, t, _ in HEADLINE], [getattr(g, f) for f, _, _ in HEADLINE], "Headline metrics (95% CI)")
-    save(fig, "headline")
-
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.5))
-    for ax, (title, groups) in zip(axes, _groups(summary)):
-        names = list(groups)
-        _bar(ax, names, [groups[n].armed_score for n in names], f"ARMed score by {title.lower()}")
-    save(fig, "by_slice")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    _bar(ax, [t for _, t in OPEN_TABLE], [getattr(g, f) for f, _ in OPEN_TABLE], "OPEN answers: ARMed metrics")
-    save(fig, "open_metrics")
-
+    bar_plot("headline", [t for _, t, _ in HEADLINE], [getattr(g, f) for f, _, _ in HEADLINE],
+             "Headline metrics (95% CI)", (7, 3.5))
+    panels = [(title, list(groups), [groups[n].armed_score for n in groups]) for title, groups in _groups(summary)]
+    panels = [p for p in panels if _has_values(p[2]) and not (len(p[1]) == 1 and p[1][0] == "unknown")]
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.5 * len(panels), 3.5), squeeze=False)
+        for ax, (title, names, values) in zip(axes[0], panels):
+            _bar(ax, names, values, f"ARMed score by {title.lower()}")
+        save(fig, "by_slice")
+    bar_plot("open_metrics", [t for _, t in OPEN_TABLE], [getattr(g, f) for f, _ in OPEN_TABLE],
+             "OPEN answers: ARMed metrics")
     tools = sorted(g.tool_calls_by_tool)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    _bar(ax, tools + ["invalid rate", "error rate"],
-         [g.tool_calls_by_tool[t] for t in tools] + [g.invalid_call_rate, g.tool_error_rate], "Tool use (calls / episode, rates)")
-    save(fig, "tools")
+    if tools:  # rates of no calls at all say nothing
+        bar_plot("tools", tools + ["invalid rate", "error rate"],
+                 [g.tool_calls_by_tool[t] for t in tools] + [g.invalid_call_rate, g.tool_error_rate],
+                 "Tool use (calls / episode, rates)")
     return out
 
 

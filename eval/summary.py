@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: n_scored per group, failures listed
 
 
 @dataclass
@@ -23,13 +23,16 @@ class MetricValue:
 class GroupSummary:
     """Every metric for one slice of episodes (all, one dataset, one answer type, one modality).
 
-    Episodes whose image could not be loaded (``dataset_error``) are counted in ``n_errors`` but
-    excluded from every metric; every other failure (agent crash, no answer) scores as wrong.
+    ``n_episodes`` counts every episode; ``n_scored`` those the metrics are over; ``n_errors``
+    those that recorded an error. Episodes whose image could not be loaded (``dataset_error``) are
+    errors that are not scored (no question could be asked); every other failure (agent crash,
+    worker crash, no answer) is scored as wrong. So ``n_episodes - n_scored`` = unscored errors.
     """
 
     n_episodes: int = 0
     n_questions: int = 0
     n_errors: int = 0
+    n_scored: int = 0
     # -- correctness (seed 000 §6.2) --
     accuracy: MetricValue = field(default_factory=MetricValue)
     """CLOSED + MCQ accuracy (rule match)."""
@@ -70,6 +73,7 @@ class GroupSummary:
     """Calls per episode, by tool name."""
 
 
+MAX_FAILURES = 500
 METRIC_NAMES = tuple(f.name for f in fields(GroupSummary) if f.type in ("MetricValue", MetricValue))
 
 
@@ -84,6 +88,11 @@ class EvalSummary:
     n_episodes: int = 0
     n_questions: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    """Episodes that recorded an error, by record: ``record_id``, ``sample``, ``kind``, ``message``
+    and ``scored`` (whether the episode still counts, as wrong). At most ``MAX_FAILURES``, then
+    ``failures_omitted`` says how many more are in ``episodes.jsonl``."""
+    failures_omitted: int = 0
     metrics_available: dict[str, bool] = field(default_factory=dict)
     """``open_metrics``: ARMed metrics were computed; ``judge``: an LLM judge scored episodes."""
     timing: dict[str, float | None] = field(default_factory=dict)

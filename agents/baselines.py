@@ -280,22 +280,30 @@ class AnswerPriorAgent(Agent):
 class ToolThenAnswerAgent(Agent):
     """Turn 1: zoom into the central ``centre_fraction`` of the image and, when offered, call
     every other tool that takes a box or a text prompt (segment, ground, classify) on the same
-    region. Turn 2: answer from what the tools said:
+    region. Turn 2: answer from what the tools said, positive evidence before absence of it:
 
-    * CLOSED: "yes"/"no" from whether grounding found the question's subject; else "no" when the
-      tools report nothing found (negations, zero objects, an error), "yes" when they report a
-      finding; otherwise the prior;
+    * CLOSED: "yes" when grounding found the question's subject; else the classifier's verdict when
+      it is decisive (its top label at least ``decisive_margin`` above the next: the subject ->
+      "yes", "normal" -> "no"); else "no" when grounding found nothing; else "no"/"yes" from the
+      other tools' text about the subject (negations, zero objects); otherwise the prior.
+      Grounding that finds nothing never overrides a decisive classifier: on a dataset annotated
+      with image labels only, oracle grounding has no boxes to find, while the oracle classifier
+      knows the answer (so with oracle tools this agent is an upper bound there too);
     * MCQ: for "how many" questions the option equal to the number of grounded regions; else the
-      option whose text appears in the tools' text; otherwise the prior;
-    * OPEN: the top label of a classification/grounding result, otherwise the prior.
+      option a decisive classifier picked, or whose text appears in the tools' text; otherwise the prior;
+    * OPEN: a decisive classifier's top label, otherwise the prior.
     """
 
     name = "zoom-then-answer"
 
     def __init__(self, prior: AnswerPriorAgent | None = None, centre_fraction: float = 0.5,
-                 zoom_tool: str = "image_zoom_in", use_other_tools: bool = True) -> None:
+                 zoom_tool: str = "image_zoom_in", use_other_tools: bool = True,
+                 decisive_margin: float = 0.2) -> None:
         if not 0.0 < centre_fraction <= 1.0:
             raise ValueError(f"expected centre_fraction in (0, 1], got {centre_fraction!r}")
+        if not 0.0 <= decisive_margin < 1.0:
+            raise ValueError(f"expected decisive_margin in [0, 1), got {decisive_margin!r}")
+        self.decisive_margin = float(decisive_margin)
         self.prior = prior or AnswerPriorAgent()
         self.centre_fraction = float(centre_fraction)
         self.zoom_tool = zoom_tool
@@ -344,9 +352,9 @@ class ToolThenAnswerAgent(Agent):
         options = conversation.info.get("options") or {}
         text = "\n".join(observations(conversation))
         tool_text = re.sub(r"Tool turns left: \d+\.|No tool turns left[^.]*\.", " ", text)
-        label = _top_label(tool_text)
+        label = _top_label(tool_text, self.decisive_margin)
         count = _ground_count(tool_text)
-        if count is not None and kind == AnswerType.CLOSED.value:
+        if kind == AnswerType.CLOSED.value and (count or (count == 0 and label is None)):
             return "yes" if count else "no"
         if count is not None and kind == AnswerType.MCQ.value and re.search(r"\bhow many\b", question.lower()):
             hits = [k for k, v in options.items() if str(v).strip() == str(count)]
@@ -361,7 +369,7 @@ class ToolThenAnswerAgent(Agent):
             if len(hits) == 1:
                 return hits[0]
         elif kind == AnswerType.CLOSED.value:
-            if label is not None:
+            if label is not None:  # decisive, and grounding found nothing or was not offered
                 return "no" if label == "normal" else "yes"
             subject = _subject_of(question)
             findings = [s for s in re.split(r"\n|\[", tool_text) if s.strip() and "image_zoom_in" not in s
@@ -375,7 +383,8 @@ class ToolThenAnswerAgent(Agent):
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "centre_fraction": self.centre_fraction, "zoom_tool": self.zoom_tool,
-                "use_other_tools": self.use_other_tools, "prior": self.prior.config()}
+                "use_other_tools": self.use_other_tools, "decisive_margin": self.decisive_margin,
+                "prior": self.prior.config()}
 
 
 _STOP = {"is", "are", "there", "the", "a", "an", "of", "in", "this", "image", "does", "do", "what", "which",
@@ -410,19 +419,28 @@ def _ground_count(tool_text: str) -> int | None:
     return 0 if m.group(1) == "nothing" else int(m.group(1))
 
 
-def _top_label(text: str) -> str | None:
-    """The best label of a classifier's line (``label 0.69, other 0.31`` or ``label: 0.69``).
+def _top_label(text: str, margin: float = 0.0) -> str | None:
+    """The best label of a classifier's line (``label 0.69, other 0.31`` or ``label: 0.69``), if
+    it beats the runner-up by at least ``margin`` (a uniform answer says nothing).
 
     >>> _top_label("[classify] Classification of image 0: X-Ray 0.691, CT 0.182, MRI 0.127.")
     'x-ray'
+    >>> _top_label("[classify] Classification of image 0: lesion 0.500, normal 0.500.", margin=0.2) is None
+    True
+    >>> _top_label("[classify] Classification of image 0: 1 0.6, 2 0.4. WARNING: engine 'clip' is random.")
+    '1'
     """
     for line in text.splitlines():
         if not line.lstrip().startswith("[classify]") or ":" not in line:
             continue
-        pairs = re.findall(r"([^,:]+?)\s*[:=(]?\s*(0?\.\d+|1\.0*|0|1)\)?(?=,|\.?\s*$)", line.split(":", 1)[1])
+        scores = re.split(r"\.\s", line.split(":", 1)[1] + " ")[0]  # the scores, not a note after them
+        pairs = re.findall(r"([^,:]+?)\s*[:=(]?\s*(0?\.\d+|1\.0*|0|1)\)?(?=,|\.?\s*$)", scores)
         if pairs:
-            label, _ = max(pairs, key=lambda p: float(p[1]))
-            return label.strip().strip("'\"").lower()
+            ranked = sorted(pairs, key=lambda p: -float(p[1]))
+            second = float(ranked[1][1]) if len(ranked) > 1 else 0.0
+            if margin > 0 and float(ranked[0][1]) - second < margin:
+                return None
+            return ranked[0][0].strip().strip("'\"").lower()
     return None
 
 

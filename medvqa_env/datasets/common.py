@@ -65,20 +65,15 @@ def canonical_split(split: str, known: tuple[str, ...], name: str) -> str:
     return key
 
 
-def image_file(ref: str) -> str:
-    """The file part of an image reference (``ct.dcm#window=40,400`` -> ``ct.dcm``): the whole
-    string when that is a file, else the part before the last ``#``."""
-    try:
-        from medvqa_env.images import split_image_ref  # H3's one parser of image fragments
-    except ImportError:
-        return ref if os.path.isfile(ref) or "#" not in ref else ref.rsplit("#", 1)[0]
-    return split_image_ref(ref)[0]
-
-
 def image_problem(ref: str) -> str | None:
-    """Why image ``ref`` cannot be read as a file (``"does not exist"``, ``"is a directory, not an
-    image file"``), or ``None`` when it is a file."""
-    path = image_file(ref)
+    """Why image ``ref`` cannot be read (``"does not exist"``, ``"is a directory, not an image
+    file"``, a bad ``#slice=...`` fragment), or ``None`` when it names a file."""
+    from medvqa_env.images import split_image_ref  # the one parser of image fragments (``ct.dcm#window=...``)
+
+    try:
+        path = split_image_ref(ref)[0]
+    except ValueError as e:
+        return f"has a bad fragment: {e}"
     if os.path.isfile(path):
         return None
     return "is a directory, not an image file" if os.path.isdir(path) else "does not exist"

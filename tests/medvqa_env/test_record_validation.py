@@ -116,6 +116,10 @@ def test_a_directory_given_as_the_image_is_called_a_directory(tmp_path):
 def test_image_fragments_pass_through_the_loader(tmp_path):
     path = _manifest(tmp_path, [{"id": "f", "image": "a.png#window=40,400", "question": "q?", "answer": "yes"}])
     assert load_dataset(str(path))[0].image_paths == (str(tmp_path / "a.png") + "#window=40,400",)
+    bad = _manifest(tmp_path, [{"id": "g", "image": "a.png#windw=40,400", "question": "q?", "answer": "yes"}], "b.jsonl")
+    with pytest.raises(DatasetError, match=r"b\.jsonl: line 1: record 'g': image '.*a\.png#windw=40,400' has a bad "
+                                           r"fragment: unknown image option 'windw'"):
+        load_dataset(str(bad))
 
 
 # -- paths, names, options -----------------------------------------------------------------------

@@ -255,3 +255,27 @@ def test_verl_worker_rolls_out_parquet_rows(stack, tmp_path):
     assert out.batch["position_ids"].shape == (3, 4, 4096 + 512)  # text + 3-D M-RoPE positions
     for mm in out.non_tensor_batch["multi_modal_inputs"]:
         assert mm["image_grid_thw"].shape[0] == 2  # question image + zoomed crop
+
+
+def test_text_policy_reads_what_the_native_encoder_writes(tmp_path):
+    """A text policy under verl (``text_only`` messages through the tiny policy's chat template) gets
+    the same prompt, tool observation included, as ``agents.models.ChatEncoder`` gives it in the
+    native trainer -- so one SFT checkpoint means the same thing to both engines."""
+    from agents.models import load_policy
+    from medvqa_env.chat import Conversation
+    from medvqa_env.env import MedVQAEnv
+
+    from train.verl_integration.agent_loop import text_only
+    from train.verl_integration.tiny_policy import build
+
+    _, encoder, kind = load_policy(build(tmp_path / "policy", kind="qwen2"))
+    assert kind == "text"
+    env = MedVQAEnv(dataset="embedded", split="test", dataset_options={"n": N_RECORDS}, max_turns=1,
+                    tools={"image_zoom_in": "local", "segment": {"engine": "classical"}})
+    env.reset(options={"index": 0})
+    env.step('<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 48, 48]}}</tool_call>')
+    assert len(env.messages) == 4 and len(env.images) == 2  # system, question, tool call, observation + crop
+    verl_text = encoder.tokenizer.apply_chat_template([text_only(m) for m in env.messages],
+                                                      add_generation_prompt=True, tokenize=False)
+    native = encoder.conversation(Conversation(messages=env.messages, images=env.images))
+    assert encoder.tokenizer.decode(native.ids) == verl_text

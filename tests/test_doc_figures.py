@@ -1,0 +1,98 @@
+"""The docs quote only recorded figures, and name only files that exist.
+
+Figures in README.md, RELIABILITY.md and docs/ sit inside ``<!-- fig <topic>.<name> <format> -->``
+markers that ``python benchmarks/run_all.py`` (or ``python benchmarks/figures.py``) regenerates from
+``benchmarks/results/<topic>.json``; BENCHMARKS.md is assembled from ``benchmarks/results/<topic>.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "benchmarks" / "figures.py")
+figures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(figures)
+
+
+def test_every_quoted_figure_matches_the_results():
+    problems = figures.stale()
+    assert not problems, "stale figures (run `python benchmarks/run_all.py --docs-only`):\n" + "\n".join(problems)
+
+
+def test_every_path_a_doc_names_exists():
+    assert not figures.missing_paths(), figures.missing_paths()
+
+
+def test_the_docs_quote_figures_through_markers():
+    quoted = [m.group("key") for f in figures.doc_files() for m in figures.MARKER.finditer(f.read_text())]
+    topics = {k.split(".", 1)[0] for k in quoted}
+    assert {"tools", "rewards", "eval", "verl_rollout"} <= topics, sorted(topics)
+
+
+def test_benchmarks_md_holds_every_recorded_section():
+    bench = (ROOT / "BENCHMARKS.md").read_text()
+    for md in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
+        title, _, body = md.read_text().strip().partition("\n")
+        assert title in bench, f"{md.name}: section missing from BENCHMARKS.md (run benchmarks/run_all.py --docs-only)"
+        assert body.strip() in bench, f"{md.name} differs from its section in BENCHMARKS.md"
+
+
+def test_every_results_file_names_its_command_and_figures():
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        assert data["meta"]["command"].startswith("python "), path.name
+        assert data["figures"], path.name
+        assert (path.with_suffix(".md")).is_file(), f"{path.name} has no Markdown section beside it"
+
+
+# -- the mechanism itself, on a scratch results folder ----------------------------------------------
+@pytest.fixture
+def scratch(tmp_path):
+    results = tmp_path / "results"
+    figures.record("demo", "## Demo\n\n| a | b |", {"segment.overhead_ms": 2.345, "calls": 10318, "gone": float("nan")},
+                   "python benchmarks/bench_demo.py", results)
+    doc = tmp_path / "doc.md"
+    return results, doc
+
+
+def test_a_wrong_number_in_a_doc_is_reported_and_rewritten(scratch, capsys):
+    results, doc = scratch
+    doc.write_text("over in-process: <!-- fig demo.segment.overhead_ms +.1f -->+5.3<!-- /fig --> ms, "
+                   "<!-- fig demo.calls ,d -->10,318<!-- /fig --> calls\n")
+    problems = figures.stale([doc], results)
+    assert len(problems) == 1 and "'+5.3' in the doc, '+2.3' in the results" in problems[0]
+    assert figures.update_docs([doc], results) == []
+    assert figures.stale([doc], results) == []
+    assert "<!-- fig demo.segment.overhead_ms +.1f -->+2.3<!-- /fig --> ms" in doc.read_text()
+
+
+def test_an_unknown_figure_or_format_is_a_problem(scratch):
+    results, doc = scratch
+    doc.write_text("<!-- fig demo.nope -->1<!-- /fig --> and <!-- fig demo.calls .1q -->1<!-- /fig -->\n")
+    problems = figures.stale([doc], results)
+    assert any("unknown figure 'demo.nope'" in p for p in problems)
+    assert any("cannot be printed with '.1q'" in p for p in problems)
+
+
+def test_a_figure_that_was_not_finite_prints_as_missing(scratch):
+    results, doc = scratch
+    assert json.loads((results / "demo.json").read_text())["figures"]["gone"] is None
+    doc.write_text("<!-- fig demo.gone .2f -->0<!-- /fig -->\n")
+    figures.update_docs([doc], results)
+    assert ">n/a<" in doc.read_text()
+
+
+def test_a_quick_run_keeps_no_results_unless_told_where():
+    assert figures.results_dir_arg(True, None) is None
+    assert figures.results_dir_arg(False, None) == figures.RESULTS
+    assert figures.results_dir_arg(True, "/tmp/x") == Path("/tmp/x")
+
+
+def test_paths_in_docs_are_found_in_code_spans_and_links_only():
+    text = "Run `tests/eval/test_nope.py` (see [data](docs/training_runs/)); eval/accuracy, `tests/test_*.py`"
+    assert figures.named_paths(text) == ["tests/eval/test_nope.py", "docs/training_runs"]

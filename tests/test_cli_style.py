@@ -3,6 +3,8 @@ spellings, ``prog: error:`` (exit 2, no traceback) for user errors -- argparse's
 
 from __future__ import annotations
 
+import json
+
 import os
 
 import pytest
@@ -104,3 +106,20 @@ def test_verl_translation_of_native_flags():
 
     argv = argv_from_native(grpo.Args(group_size=8, lr=1e-6))
     assert "actor_rollout_ref.rollout.n=8" in argv and "actor_rollout_ref.actor.optim.lr=1e-06" in argv
+
+
+def test_verl_gets_every_flag_the_user_gave_resolved_or_a_clear_refusal():
+    from medvqa_env.errors import ConfigError
+    from train import grpo
+    from train.verl_integration.launch import argv_from_native
+
+    args = grpo.Args(group_size=4, tools="image_zoom_in,segment=classical", tool_opt=["segment.max_side=512"],
+                     dataset_opt=["root=/data/vqa_rad"], answer_protocol="xml")
+    argv = argv_from_native(args, {"group_size", "tools", "tool_opt", "dataset_opt", "answer_protocol"})
+    assert "actor_rollout_ref.rollout.n=4" in argv          # given, though equal to the native default
+    tools = json.loads(next(a for a in argv if a.startswith("medvqa.env.tools=")).split("=", 1)[1])
+    assert tools["segment"] == {"backend": "local", "engine": "classical", "max_side": 512}
+    assert 'medvqa.env.dataset_options={"root": "/data/vqa_rad"}' in argv
+    assert "medvqa.env.answer_protocol=xml" in argv
+    with pytest.raises(ConfigError, match="default reward"):
+        argv_from_native(grpo.Args(reward="medix"), {"reward"})

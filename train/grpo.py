@@ -396,7 +396,8 @@ def cli(argv: list[str] | None = None) -> int:
         def launch() -> int:
             from train.verl_integration.launch import argv_from_native, run
 
-            return run(argv_from_native(args) + rest)
+            given = {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+            return run(argv_from_native(args, given) + rest)
         return run_cli(prog, launch)
     args = parse_args(Args, argv, prog=prog)
     return run_cli(prog, lambda: main(args))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any, Sequence
 from medvqa_env.errors import ConfigError
 
 from train.verl_integration.config import AGENT_LOOP_TARGET, AGENT_NAME, ALGORITHMS, DEVICES, REPO_ROOT
+
+logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_CONFIG, EXIT_NO_GPU = 0, 2, 3
 
@@ -167,26 +170,69 @@ NATIVE_FIELDS = {
 }
 
 
-def argv_from_native(args: Any) -> list[str]:
+# Native fields whose value is carried by a resolved form (below), and fields verl has no use for.
+NATIVE_RESOLVED = ("tools", "tool_opt", "dataset_opt", "answer_protocol", "answer_types", "device", "dtype",
+                   "lora_rank", "reward", "reward_opt")
+NATIVE_NATIVE_ONLY = ("engine", "seed", "eval_split", "eval_every", "eval_size", "save_every", "keep", "resume",
+                      "allow_changed", "torch_threads", "tensorboard", "report_to", "save_final", "micro_batch",
+                      "update_epochs", "train_layers", "weight_decay", "max_grad_norm", "env_pool", "env_workers",
+                      "system_prompt", "demo_prompt", "loss_agg", "max_gen_rounds")
+
+
+def argv_from_native(args: Any, given: Sequence[str] | None = None) -> list[str]:
     """Translate the native trainer's ``Args`` dataclass (what ``train/grpo.py`` hands over) into
-    our arguments. Only fields the user changed from their defaults are carried over, so the
-    seed's settings stay in force for the rest; fields without a verl counterpart are ignored."""
+    our arguments. Only the fields the user gave (``given``, field names; default: those that
+    differ from the defaults) are carried over, so the seed's settings stay in force for the rest. Tools and dataset options travel resolved (one
+    config, the env's own language); a changed field verl cannot honour is an error, not a
+    silent no-op."""
     import dataclasses
+    import json
 
     if not dataclasses.is_dataclass(args):
         raise ConfigError(f"expected a list of arguments or the native trainer's Args, got {type(args).__name__}")
-    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+                for f in dataclasses.fields(args)}
+    changed = set(given) & set(defaults) if given is not None else {
+        name for name in defaults if getattr(args, name) != defaults[name]}
     argv: list[str] = []
     for name, target in NATIVE_FIELDS.items():
-        if name not in defaults:
+        if name not in changed or getattr(args, name) is None:
             continue
         value = getattr(args, name)
-        if value is None or value == defaults[name]:
-            continue
         if name == "max_turns":
             argv.append(f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={int(value) + 1}")
             argv.append(f"actor_rollout_ref.rollout.multi_turn.max_user_turns={int(value)}")
         argv += [target, str(value)] if target.startswith("--") else [f"{target}={value}"]
+    if changed & {"tools", "tool_opt"}:
+        from tool_backends.config import with_tool_options
+        from train.common import tool_config
+
+        tools = with_tool_options(tool_config(args.tools), args.tool_opt)
+        argv.append(f"medvqa.env.tools={json.dumps(tools)}")
+    if "dataset_opt" in changed:
+        from medvqa_env.config import parse_options
+
+        argv.append(f"medvqa.env.dataset_options={json.dumps(parse_options(args.dataset_opt, '--dataset-opt'))}")
+    if "answer_protocol" in changed:
+        argv.append(f"medvqa.env.answer_protocol={args.answer_protocol}")
+    if "answer_types" in changed:
+        argv += ["--answer-types", args.answer_types]
+    if "device" in changed and args.device in DEVICES:
+        argv += ["--device", args.device]
+    if "dtype" in changed:
+        argv.append(f"actor_rollout_ref.rollout.dtype={args.dtype}")
+    if "lora_rank" in changed:
+        argv.append(f"actor_rollout_ref.model.lora_rank={int(args.lora_rank)}")
+    reward, reward_opt = getattr(args, "reward", None), getattr(args, "reward_opt", None)
+    if reward not in (None, "default") or reward_opt:
+        raise ConfigError(f"--engine verl scores with the default reward (rule ±1 for CLOSED/MCQ, ARMed for OPEN; "
+                          f"ARMed options via medvqa.reward.armed.<key>=...), got --reward {reward!r}"
+                          f"{' with options' if reward_opt else ''}")
+    unused = sorted(changed - set(NATIVE_FIELDS) - set(NATIVE_RESOLVED) - set(NATIVE_NATIVE_ONLY))
+    ignored = sorted(changed & set(NATIVE_NATIVE_ONLY) - {"engine"})
+    if unused or ignored:
+        logger.warning("--engine verl: %s have no verl counterpart and are ignored (set verl's own keys instead)",
+                       unused + ignored)
     return argv
 
 

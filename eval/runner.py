@@ -171,25 +171,6 @@ def _call_agent(agent: Agent, convs: Sequence[Conversation]) -> list[tuple[Any, 
     return out
 
 
-def _lazy_images(obs: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``obs`` with its RGB arrays as PIL images converted on first pixel access: an agent that
-    never looks (a scripted or text-only agent) does not pay ~1-2 ms per megapixel per image."""
-    images = obs.get("images")
-    if not images:
-        return obs
-    from PIL import Image
-
-    from tool_backends.wire import LazyImage
-
-    def lazy(a: Any) -> Any:
-        shape = getattr(a, "shape", None)
-        if shape is None or len(shape) != 3 or shape[2] != 3 or str(getattr(a, "dtype", "")) != "uint8":
-            return a
-        return LazyImage(lambda: Image.fromarray(a), (shape[1], shape[0]))
-
-    return {**obs, "images": tuple(lazy(a) for a in images)}
-
-
 def _as_action(action: Any) -> Any:
     """Text goes to the env as is; anything else (``None``, a number) as ``None``, which the
     env's parser turns into a format error the episode records."""
@@ -344,7 +325,7 @@ class Runner:
                             finish(ep, error=res["error"])
                         elif res.get("kind") == "reset":
                             info = dict(res["info"], seed=ep.seed, sample=ep.sample, episode_key=ep.key)
-                            ep.conversation = Conversation.start(_lazy_images(res["obs"]), info, cfg.observation_style)
+                            ep.conversation = Conversation.start(res["obs"], info, cfg.observation_style)
                             ready.append(ep)
                         else:
                             self._record_step(ep, res)
@@ -352,7 +333,7 @@ class Runner:
                                 finish(ep, final=res)
                             else:
                                 turn = ep.pending_action if isinstance(ep.pending_action, str) else ""
-                                ep.conversation.add_turn(turn, _lazy_images(res["obs"]))
+                                ep.conversation.add_turn(turn, res["obs"])
                                 ready.append(ep)
                 commit()
                 # 4. the agent acts on every waiting conversation at once

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 import numpy as np
 from PIL import Image
 
+from medvqa_env.images import LazyImage
+
 
 @dataclass
 class Conversation:
@@ -84,6 +86,11 @@ class Conversation:
 
 
 def _to_pil(array: Any) -> Image.Image:
+    """An observation image as PIL. An RGB array becomes an image on first pixel access: an agent
+    that never looks at pixels (a scripted or text-only one) does not pay ~1-2 ms per megapixel."""
     if isinstance(array, Image.Image):
         return array
+    a = np.asarray(array)
+    if a.dtype == np.uint8 and a.ndim == 3 and a.shape[2] == 3:
+        return LazyImage(lambda: Image.fromarray(a), (a.shape[1], a.shape[0]))
     return Image.fromarray(np.asarray(array, dtype=np.uint8))

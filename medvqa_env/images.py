@@ -7,15 +7,25 @@ window: ``ct.nii.gz#slice=40&window=40,400`` (:func:`image_ref` builds one).
 
 A missing, truncated, corrupt, unreadable or decompression-bomb file becomes a
 :class:`DatasetError` that names the record and the file.
+
+Also here, because every layer above needs them: :class:`ImageCache` (decoded images by file, so
+the copies of a GRPO group decode their question's image once), :func:`image_digest` (the content
+hash that tool caches and the tool wire key images by) and :class:`LazyImage` (an image drawn on
+first pixel access). Episode images are never modified in place -- tools make new images -- which
+is what lets copies share a cached image and memoise its digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
+import threading
 import warnings
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -28,7 +38,8 @@ DEFAULT_MAX_PIXELS = 64_000_000  # 8000x8000; whole-slide pathology should be ti
 EIGHT_BIT_MODES = ("1", "L", "P", "RGB", "RGBA", "RGBX", "RGBa", "LA", "La", "PA", "CMYK", "YCbCr", "LAB", "HSV")
 _OBJECT_REPR = re.compile(r"<_io\.\w+ object at 0x[0-9a-fA-F]+>")
 
-__all__ = ["DEFAULT_MAX_PIXELS", "ImageOptions", "decode_image", "image_file", "image_ref", "load_image"]
+__all__ = ["DEFAULT_MAX_PIXELS", "ImageCache", "ImageOptions", "LazyImage", "decode_image", "image_digest",
+           "image_file", "image_pixels", "image_ref", "load_image"]
 
 
 def image_file(path: str | os.PathLike) -> str:
@@ -171,3 +182,176 @@ def _open_tiff_stack(data: bytes, where: str, max_pixels: int, options: ImageOpt
         raise DatasetError(f"{where}: slice {index} is out of range: the file has slices 0..{frames - 1}")
     array = array[index]
     return Pixels(array[..., :3] if colour else array.astype(np.float64))
+
+
+# ==============================================================================================
+# Decoded images shared by the copies of a worker, their digests, images drawn on demand
+# ==============================================================================================
+def image_pixels(image: Image.Image) -> np.ndarray | None:
+    """The read-only RGB array an :class:`ImageCache` keeps beside ``image`` (``None`` for any
+    other image): observations and digests read it instead of copying the pixels out again."""
+    return getattr(image, "_medvqa_pixels", None)
+
+
+def image_digest(image: Image.Image) -> str:
+    """A content hash of an image (mode, size, pixels), memoised on the image object.
+
+    Tool caches key results by it and the tool wire names images by it (a server checks it against
+    the pixels it received), so it must depend on the pixels only. The memo is an attribute of this
+    object: derived images (``copy``, ``transpose``, crops) and unpickled copies compute their own.
+    SHA-256 (truncated to 128 bits) is the fastest cryptographic hash in the standard library on
+    CPUs with SHA extensions, ~2.5x BLAKE2b here.
+
+    >>> a = Image.new("RGB", (4, 2), (1, 2, 3))
+    >>> image_digest(a) == image_digest(a.copy()) != image_digest(Image.new("RGB", (2, 4), (1, 2, 3)))
+    True
+    """
+    cached = getattr(image, "_medvqa_digest", None)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256(f"{image.mode}:{image.size}".encode())
+    pixels = image_pixels(image)
+    h.update(pixels.data if pixels is not None else image.tobytes())
+    digest = h.hexdigest()[:32]
+    image._medvqa_digest = digest
+    return digest
+
+
+class ImageCache:
+    """Decoded record images by file, shared by the env copies of one worker (see
+    :class:`medvqa_env.services.EnvServices`): a GRPO group's n copies, and an evaluation's K
+    samples of one question, decode its image once and hash it at most once.
+
+    Keyed by the path as written (its ``#slice=...&window=...`` fragment changes the pixels), the
+    file's modification time, size and inode, and the pixel limit, so a file that changed is read
+    again. Bounded by ``max_bytes`` (each entry holds the PIL image and its RGB array, ~7 bytes a
+    pixel); the least recently used go first. Load errors are never cached.
+
+    Cached images are shared, so they are never modified in place (tools make new images); their
+    arrays (:func:`image_pixels`, also the env's observation) are read-only, so code that tries to
+    write into one gets an error instead of changing other episodes' images.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "x.png"
+    >>> Image.new("RGB", (4, 3), (9, 9, 9)).save(path)
+    >>> cache = ImageCache()
+    >>> cache.load(path) is cache.load(path), cache.hits, cache.misses
+    (True, 1, 1)
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        if not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"expected max_bytes to be an int >= 0, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.hits = self.misses = 0
+        self._entries: OrderedDict[tuple, Image.Image] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def load(self, path: str | os.PathLike, record_id: str | None = None,
+             max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+        """:func:`load_image`, from the cache when the file has not changed since it was decoded."""
+        try:
+            st = os.stat(image_file(path))
+        except (OSError, ValueError):  # load_image names the record and the file in its error
+            return load_image(path, record_id, max_pixels)
+        key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino, max_pixels)
+        with self._lock:
+            image = self._entries.get(key)
+            if image is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return image
+            self.misses += 1
+        image = load_image(path, record_id, max_pixels)
+        pixels = np.asarray(image)  # backed by immutable bytes: read-only
+        pixels.flags.writeable = False
+        image._medvqa_pixels = pixels
+        size = _entry_bytes(image)
+        if size > self.max_bytes:
+            return image
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = image
+                self.nbytes += size
+            while self.nbytes > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= _entry_bytes(old)
+        return image
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getstate__(self) -> dict[str, Any]:  # locks do not pickle; a copy starts empty
+        return {"max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        ImageCache.__init__(self, state["max_bytes"])
+
+
+def _entry_bytes(image: Image.Image) -> int:
+    return image.size[0] * image.size[1] * 7  # PIL keeps 4 bytes a pixel, the array 3
+
+
+class LazyImage(Image.Image):
+    """A PIL image whose pixels come from ``draw()`` on first access (any method that reads them).
+
+    Size and mode are known without drawing; ``draw`` runs at most once and must return an image
+    of that size and mode. Copies, crops and pickles are ordinary images. Tools return their
+    overlays this way and the tool wire redraws them this way, so nobody draws an overlay that no
+    one reads.
+
+    >>> calls = []
+    >>> lazy = LazyImage(lambda: calls.append(1) or Image.new("RGB", (4, 2), (9, 8, 7)), (4, 2))
+    >>> lazy.size, lazy.mode, calls
+    ((4, 2), 'RGB', [])
+    >>> lazy.getpixel((0, 0)), lazy.tobytes() == Image.new("RGB", (4, 2), (9, 8, 7)).tobytes(), calls
+    ((9, 8, 7), True, [1])
+    """
+
+    def __init__(self, draw: Callable[[], Image.Image], size: tuple[int, int], mode: str = "RGB") -> None:
+        super().__init__()
+        self._size = (int(size[0]), int(size[1]))
+        self._mode = mode
+        self._draw = draw
+        self._draw_lock = threading.Lock()
+
+    @property
+    def drawn(self) -> bool:
+        return self._im is not None
+
+    @property
+    def im(self):
+        if self._im is None:
+            with self._draw_lock:
+                if self._im is None:
+                    image = self._draw()
+                    if image.size != self._size or image.mode != self._mode:
+                        raise ValueError(f"expected a drawn {self._mode} image of {self._size}, "
+                                         f"got {image.mode} {image.size}")
+                    image.load()
+                    self._im, self._draw = image.im, None
+        return super().im
+
+    @im.setter
+    def im(self, value) -> None:
+        self._im = value
+
+    def load(self):
+        self.im  # noqa: B018  (draw now)
+        return super().load()
+
+    def __eq__(self, other: object) -> bool:  # Image.__eq__ demands the same class
+        if not isinstance(other, Image.Image):
+            return False
+        return (self.mode, self.size, self.tobytes()) == (other.mode, other.size, other.tobytes())
+
+    __hash__ = None  # type: ignore[assignment]  (as for any PIL image)
+
+    def __getstate__(self):
+        self.load()
+        return super().__getstate__()
+
+    def __setstate__(self, state) -> None:
+        self._draw, self._draw_lock = None, threading.Lock()
+        super().__setstate__(state)

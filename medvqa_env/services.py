@@ -1,9 +1,10 @@
-"""What the env copies of one run share: the reward and the toolbox.
+"""What the env copies of one run share: the reward, the toolbox and the decoded images.
 
 A GRPO group is n copies of the env on one question, and a training step is many groups. They must
 agree on anything stateful or expensive: the reward (one object, so one loaded encoder and one set
-of ARMed thresholds) and the toolbox (its loaded tool models and its result cache, so the n copies
-that make the same call pay once). Gymnasium's vector envs share nothing between copies on purpose;
+of ARMed thresholds), the toolbox (its loaded tool models and its result cache, so the n copies
+that make the same call pay once) and the image cache (so they decode and hash the question's
+image once; see :class:`medvqa_env.images.ImageCache`). Gymnasium's vector envs share nothing between copies on purpose;
 here whatever copies share is built once, outside them, and handed to each:
 
 >>> from medvqa_env.env import MedVQAEnv
@@ -20,20 +21,23 @@ the end of each batch, and ``state_dict`` carries that state through checkpoints
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from medvqa_env.errors import ConfigError
+from medvqa_env.images import ImageCache
 
 
 @dataclass
 class EnvServices:
-    """One reward object and one toolbox for every env copy in this process."""
+    """One reward object, one toolbox and one image cache for every env copy in this process."""
 
     reward: Any
     """A :class:`rewards.RewardFunction` (called with batches of :class:`rewards.RewardInput`)."""
     toolbox: Any
     """A :class:`tool_backends.toolbox.Toolbox` (tool backends, loaded models, result cache)."""
+    images: ImageCache = field(default_factory=ImageCache)
+    """Decoded record images by file (bounded; a changed file is read again)."""
 
     @classmethod
     def build(cls, tools: Any = None, reward: Any = None) -> "EnvServices":

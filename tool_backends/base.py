@@ -9,7 +9,6 @@ the episode's images plus validated arguments and returns a :class:`ToolResult`.
 from __future__ import annotations
 
 import abc
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from PIL import Image
 
 from medvqa_env.errors import ToolError
+from medvqa_env.images import image_digest  # noqa: F401  (the cache key's image part; lives with the images)
 from medvqa_env.records import Annotations
 
 
@@ -220,21 +220,6 @@ def validate_arguments(spec: ToolSpec, arguments: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # Shared helpers for tools.
 # ----------------------------------------------------------------------------------------------
-def image_digest(image: Image.Image) -> str:
-    """A content hash of an image, memoised on the image (the cache key's image part)."""
-    # PIL copies ``info`` into derived images (transpose, convert, copy...), so the memo carries
-    # the id of the image it was computed for and is ignored on any other image.
-    cached = image.info.get("medvqa_digest")
-    if isinstance(cached, tuple) and cached[0] == id(image):
-        return cached[1]
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{image.mode}:{image.size}".encode())
-    h.update(image.tobytes())
-    digest = h.hexdigest()
-    image.info["medvqa_digest"] = (id(image), digest)
-    return digest
-
-
 def random_weights_note(engine: Any, engine_name: str) -> str:
     """The sentence a model-backed tool appends to its text when its engine runs random weights
     (the offline tiny models), so no one mistakes its outputs for a real model's; "" otherwise."""

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from medvqa_env.errors import ToolError
+from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, random_weights_note, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import coordinates_schema, show_box, unit
@@ -90,7 +91,7 @@ class GroundTool(Tool):
         units = "" if coords == "pixel" else f" ({unit(coords)})"
         return ToolResult(text=f"Found {len(boxes)} region{'s' if len(boxes) != 1 else ''} matching {text!r} in image "
                                f"{source}{units}: {listing}. The boxes are drawn, numbered, on the new image.{note}",
-                          images=[draw_boxes(image, boxes)], data=data)
+                          images=[LazyImage(lambda: draw_boxes(image, boxes), image.size)], data=data)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)

@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 from medvqa_env.errors import ToolError
+from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, random_weights_note, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import (BBOX_SCHEMA, coordinates_schema, resolve_bbox, resolve_point, show_box,
@@ -98,7 +99,8 @@ class SegmentTool(Tool):
         data.update(measured)
         text = (f"Segmented the {prompt} of image {source}: {sentence}. The mask is drawn in red on the new "
                 f"image.{note}")
-        return ToolResult(text=text, images=[overlay_mask(image, mask)], data=data)
+        overlay = LazyImage(lambda: overlay_mask(image, mask), image.size)  # drawn only if someone reads it
+        return ToolResult(text=text, images=[overlay], data=data)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from medvqa_env.errors import ToolError
+from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, random_weights_note, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import coordinates_schema, show_box
@@ -90,7 +91,8 @@ class SegmentTextTool(Tool):
         plural = "s" if len(boxes) != 1 else ""
         text_out = (f"Segmented {text!r} in image {source}: {sentence}; {len(boxes)} instance{plural}: {listing}. "
                     f"The mask is drawn in red on the new image.{note}")
-        return ToolResult(text=text_out, images=[overlay_mask(image, union)], data=data)
+        overlay = LazyImage(lambda: overlay_mask(image, union), image.size)  # drawn only if someone reads it
+        return ToolResult(text=text_out, images=[overlay], data=data)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)

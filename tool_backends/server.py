@@ -38,7 +38,8 @@ from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
-from tool_backends.wire import ImageStore, UnknownImage, WireError, decode_image_entry, is_under, result_to_wire
+from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
+                                result_to_wire)
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +180,10 @@ class ToolService:
     def decode(self, entry: Any):
         return decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
 
-    def encode(self, result: ToolResult, image_format: Any, derived_ok: Any = False) -> dict[str, Any]:
+    def encode(self, result: ToolResult, image_format: Any, derived_ok: Any = False,
+               parts: list[bytes] | None = None) -> dict[str, Any]:
         fmt = image_format if isinstance(image_format, str) else "png"
-        return result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True)
+        return result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True, parts=parts)
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
         """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`)."""
@@ -269,16 +271,23 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         finally:
             gate.release()
 
-    def json_response(content: dict) -> Response:
+    def json_response(content: dict, parts: list[bytes] | None = None) -> Response:
         """Results are plain JSON already (the tool contract): serialise them once, without FastAPI's
-        per-value ``jsonable_encoder`` walk (~0.25 ms for a mask's run lengths)."""
+        per-value ``jsonable_encoder`` walk (~0.25 ms for a mask's run lengths). Result images
+        left in ``parts`` follow the JSON as bytes (:data:`FRAMES`)."""
         try:
             raw = json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
         except (TypeError, ValueError):  # a tool put numpy or NaN into ``data``: the slow, lenient path
             from fastapi.encoders import jsonable_encoder
 
-            raw = json.dumps(jsonable_encoder(content), default=str).encode()
+            raw = json.dumps(jsonable_encoder(content), default=str, separators=(",", ":")).encode()
+        if parts:
+            return Response(content=pack_frames(raw, parts), media_type=FRAMES)
         return Response(content=raw, media_type="application/json")
+
+    def frames_accepted(request: Request) -> list[bytes] | None:
+        """A list to collect raw result images in, when the client accepts :data:`FRAMES`."""
+        return [] if FRAMES in request.headers.get("accept", "") else None
 
     @app.get("/health")
     async def health():
@@ -291,10 +300,10 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         authorize(request)
         return {"tools": [s.openai_schema() for s in service.specs.values()]}
 
-    def one_call(call: Any) -> dict[str, Any]:
+    def one_call(call: Any, parts: list[bytes] | None = None) -> dict[str, Any]:
         name, arguments, images, context = service.decode_call(call)
         return service.encode(service.run(name, arguments, images, context), call.get("image_format", "png"),
-                              call.get("derived_ok", False))
+                              call.get("derived_ok", False), parts)
 
     @app.post("/call")
     async def call(request: Request):
@@ -306,12 +315,14 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             except Exception:
                 raise HTTPException(400, "expected a JSON body") from None
             if isinstance(name, str) and name in proxy:
-                status, content = await run_in_threadpool(proxy[name].forward, "/call", raw)
-                return Response(content=content, status_code=status, media_type="application/json")
+                status, content, media_type = await run_in_threadpool(
+                    proxy[name].forward, "/call", raw, request.headers.get("accept"))
+                return Response(content=content, status_code=status, media_type=media_type)
         payload = await body(request)
         if not isinstance(payload, dict):
             raise HTTPException(400, "expected a JSON object")
-        return json_response({"result": await guarded(one_call, payload)})
+        parts = frames_accepted(request)
+        return json_response({"result": await guarded(one_call, payload, parts)}, parts)
 
     @app.post("/call_batch")
     async def call_batch(request: Request):
@@ -320,7 +331,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         calls = payload.get("calls") if isinstance(payload, dict) else None
         if not isinstance(calls, list):
             raise HTTPException(400, "expected {'calls': [...]}")
-        return json_response({"results": await guarded(lambda: [one_call(c) for c in calls])})
+        parts = frames_accepted(request)
+        return json_response({"results": await guarded(lambda: [one_call(c, parts) for c in calls])}, parts)
 
     @app.post("/get_observation")
     async def get_observation(request: Request):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import os
 import tempfile
 import threading
@@ -41,8 +42,8 @@ from typing import Any, Mapping, Sequence
 from PIL import Image
 
 from medvqa_env.errors import DatasetError
-from medvqa_env.images import DEFAULT_MAX_PIXELS, decode_image
-from tool_backends.base import ToolResult, image_digest
+from medvqa_env.images import DEFAULT_MAX_PIXELS, LazyImage, decode_image, image_digest
+from tool_backends.base import ToolResult
 
 TRANSPORTS = ("png", "raw", "path")
 
@@ -88,16 +89,19 @@ class ImageStore:
         return len(self._images)
 
 
-def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """One image as a JSON-able entry (see the module docstring)."""
+def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | os.PathLike | None = None,
+                 digest: bool = True) -> dict[str, Any]:
+    """One image as a JSON-able entry (see the module docstring); ``digest=False`` leaves out its
+    digest (result images: nobody refers to them later), except that ``path`` files are named by it."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     if transport == "png":
         buf = io.BytesIO()
         rgb.save(buf, format="PNG", compress_level=1)
-        return {"png": base64.b64encode(buf.getvalue()).decode("ascii"), "digest": image_digest(rgb)}
+        entry = {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
+        return {**entry, "digest": image_digest(rgb)} if digest else entry
     if transport == "raw":
-        return {"raw": base64.b64encode(rgb.tobytes()).decode("ascii"), "size": list(rgb.size),
-                "digest": image_digest(rgb)}
+        entry = {"raw": base64.b64encode(rgb.tobytes()).decode("ascii"), "size": list(rgb.size)}
+        return {**entry, "digest": image_digest(rgb)} if digest else entry
     if transport == "path":
         if shared_dir is None:
             raise ValueError("expected a shared_dir for the 'path' transport, got None")
@@ -235,68 +239,6 @@ def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str
 RECIPES = ("mask_overlay", "boxes")
 
 
-class LazyImage(Image.Image):
-    """A PIL image whose pixels come from ``draw()`` on first access (any method that reads them).
-
-    Size and mode are known without drawing; ``draw`` runs at most once and must return an image
-    of that size and mode. Copies, crops and pickles are ordinary images.
-
-    >>> calls = []
-    >>> lazy = LazyImage(lambda: calls.append(1) or Image.new("RGB", (4, 2), (9, 8, 7)), (4, 2))
-    >>> lazy.size, lazy.mode, calls
-    ((4, 2), 'RGB', [])
-    >>> lazy.getpixel((0, 0)), lazy.tobytes() == Image.new("RGB", (4, 2), (9, 8, 7)).tobytes(), calls
-    ((9, 8, 7), True, [1])
-    """
-
-    def __init__(self, draw, size: tuple[int, int], mode: str = "RGB") -> None:
-        super().__init__()
-        self._size = (int(size[0]), int(size[1]))
-        self._mode = mode
-        self._draw = draw
-        self._draw_lock = threading.Lock()
-
-    @property
-    def drawn(self) -> bool:
-        return self._im is not None
-
-    @property
-    def im(self):
-        if self._im is None:
-            with self._draw_lock:
-                if self._im is None:
-                    image = self._draw()
-                    if image.size != self._size or image.mode != self._mode:
-                        raise ValueError(f"expected a drawn {self._mode} image of {self._size}, "
-                                         f"got {image.mode} {image.size}")
-                    image.load()
-                    self._im, self._draw = image.im, None
-        return super().im
-
-    @im.setter
-    def im(self, value) -> None:
-        self._im = value
-
-    def load(self):
-        self.im  # noqa: B018  (draw now)
-        return super().load()
-
-    def __eq__(self, other: object) -> bool:  # Image.__eq__ demands the same class
-        if not isinstance(other, Image.Image):
-            return False
-        return (self.mode, self.size, self.tobytes()) == (other.mode, other.size, other.tobytes())
-
-    __hash__ = None  # type: ignore[assignment]  (as for any PIL image)
-
-    def __getstate__(self):
-        self.load()
-        return super().__getstate__()
-
-    def __setstate__(self, state) -> None:
-        self._draw, self._draw_lock = None, threading.Lock()
-        super().__setstate__(state)
-
-
 def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> Image.Image:
     """A derived result image (see the module docstring), drawn when its pixels are first read."""
     from tool_backends.masks import draw_boxes, overlay_mask, rle_to_mask
@@ -312,11 +254,19 @@ def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> I
     raise WireError(f"expected an image recipe in {list(RECIPES)}, got {recipe!r}")
 
 
+FRAMES = "application/x-medvqa-result"
+"""Media type of a response whose ``raw`` result images follow its JSON as plain bytes: the JSON,
+a newline, then the images' RGB bytes; an image entry ``{"bytes_at": [offset, length], "size":
+[w, h]}`` points into those bytes. A client that lists it in ``Accept`` gets it (for ``raw``
+results): no base64 and no JSON string of the pixels, ~6 ms less CPU for a 0.6 MB crop."""
+
+
 def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str | None = None,
-                   derived_ok: bool = False) -> dict[str, Any]:
+                   derived_ok: bool = False, parts: list[bytes] | None = None) -> dict[str, Any]:
     """A result as JSON; images as ``png``, ``raw``, ``path`` (written under ``result_dir``, for a
     co-located client; without a ``result_dir`` that falls back to ``raw``) or, when the client
-    accepts them, ``derived`` recipes."""
+    accepts them, ``derived`` recipes. With ``parts`` (a response in :data:`FRAMES`), ``raw``
+    images are appended to it as bytes and the entry says where they are."""
     if transport == "path" and not result_dir:
         transport = "raw"
     if transport not in TRANSPORTS:
@@ -327,16 +277,58 @@ def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str |
         if derived_ok and recipe in RECIPES and len(result.images) == 1:
             images.append({"derived": recipe})
             continue
-        entry = encode_image(im, transport, result_dir)
+        if transport == "raw" and parts is not None:
+            data = (im if im.mode == "RGB" else im.convert("RGB")).tobytes()
+            offset = sum(len(p) for p in parts)
+            parts.append(data)
+            images.append({"bytes_at": [offset, len(data)], "size": list(im.size)})
+            continue
+        entry = encode_image(im, transport, result_dir, digest=False)
         entry.pop("digest", None)
         images.append(entry)
     return {"text": result.text, "error": result.error, "data": result.data, "images": images}
 
 
+def pack_frames(payload_json: bytes, parts: Sequence[bytes]) -> bytes:
+    """A :data:`FRAMES` body: compact JSON (which never holds a raw newline), ``\\n``, the parts."""
+    return b"".join([payload_json, b"\n", *parts])
+
+
+def unpack_frames(body: bytes) -> tuple[Any, memoryview]:
+    """``(JSON payload, the bytes after it)`` of a :data:`FRAMES` body.
+
+    >>> unpack_frames(pack_frames(b'{"a":1}', [b"xy", b"z"]))[0], bytes(unpack_frames(b'[]\\nxyz')[1])
+    ({'a': 1}, b'xyz')
+    """
+    end = body.find(b"\n")
+    if end < 0:
+        raise WireError("a framed result has no newline after its JSON")
+    try:
+        payload = json.loads(body[:end])
+    except ValueError:
+        raise WireError("a framed result does not start with JSON") from None
+    return payload, memoryview(body)[end + 1:]
+
+
+def _framed_image(entry: Mapping[str, Any], frames: memoryview | None, max_pixels: int) -> Image.Image:
+    where, size = entry.get("bytes_at"), entry.get("size")
+    if frames is None:
+        raise WireError("a result image points into bytes the response did not carry")
+    if (not isinstance(where, list) or len(where) != 2 or not all(isinstance(v, int) and v >= 0 for v in where)
+            or not isinstance(size, list) or len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size)):
+        raise WireError(f"expected 'bytes_at': [offset, length] and 'size': [w, h], got {where!r}, {size!r}")
+    (offset, length), (w, h) = where, size
+    if w * h > max_pixels or length != w * h * 3 or offset + length > len(frames):
+        raise WireError(f"a framed {w}x{h} image of {length} bytes at {offset} does not fit the response")
+    return Image.frombytes("RGB", (w, h), frames[offset:offset + length])
+
+
 def result_from_wire(payload: Any, roots: Sequence[str | os.PathLike] = (),
-                     images_sent: Sequence[Image.Image] | None = None) -> ToolResult:
+                     images_sent: Sequence[Image.Image] | None = None, frames: memoryview | None = None,
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> ToolResult:
     """Inverse of :func:`result_to_wire`; ``path`` images are read only from under ``roots``;
-    ``derived`` ones are redrawn from ``images_sent[data["image_index"]]``."""
+    ``derived`` ones are redrawn from ``images_sent[data["image_index"]]``; ``bytes_at`` ones are
+    read from ``frames`` (the bytes after a :data:`FRAMES` response's JSON)."""
     if not isinstance(payload, Mapping) or not isinstance(payload.get("text"), str):
         raise WireError(f"expected a result object with 'text', got {str(payload)[:80]!r}")
     data = payload.get("data") or {}
@@ -350,8 +342,11 @@ def result_from_wire(payload: Any, roots: Sequence[str | os.PathLike] = (),
                 raise WireError("a derived result image names no source image the client holds")
             images.append(derive_image(str(entry["derived"]), images_sent[index], data))
             continue
+        if isinstance(entry, Mapping) and "bytes_at" in entry:
+            images.append(_framed_image(entry, frames, max_pixels))
+            continue
         try:
-            images.append(decode_image_entry(entry, roots))
+            images.append(decode_image_entry(entry, roots, max_pixels))
         except PermissionError as e:
             raise WireError(str(e)) from None
     return ToolResult(text=payload["text"], images=images, data=data, error=payload.get("error"))

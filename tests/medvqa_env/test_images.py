@@ -118,3 +118,90 @@ def test_messages_hold_no_python_object_reprs_and_one_pixel_limit(tmp_path):
         decode_image(bomb_png(), "bomb.png")
     limits = {int(n) for n in __import__("re").findall(r"\d{6,}", str(err.value))}
     assert limits == {64_000_000}, str(err.value)
+
+
+# ---- the decoded-image cache the env copies of a worker share -----------------------------------
+def _write_png(path, value, w=32, h=24):
+    Image.fromarray(np.full((h, w, 3), value, dtype=np.uint8)).save(path)
+
+
+def test_image_cache_decodes_a_file_once_and_gives_the_same_pixels(tmp_path):
+    from medvqa_env.images import ImageCache, image_digest, image_pixels
+
+    p = tmp_path / "a.png"
+    _write_png(p, 90)
+    cache = ImageCache()
+    first, again = cache.load(p, "r1"), cache.load(p, "r1")
+    assert first is again and (cache.hits, cache.misses) == (1, 1)
+    assert first.tobytes() == load_image(p).tobytes()
+    pixels = image_pixels(first)
+    assert pixels.tobytes() == first.tobytes() and not pixels.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        pixels[0, 0, 0] = 1
+    assert image_digest(first) == image_digest(first.copy())  # hashed from the array, same digest
+
+
+def test_image_cache_reads_a_changed_file_again(tmp_path):
+    import os
+
+    from medvqa_env.images import ImageCache
+
+    p = tmp_path / "a.png"
+    _write_png(p, 10)
+    cache = ImageCache()
+    before = cache.load(p)
+    _write_png(p, 200)
+    st = os.stat(p)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a coarse clock may not tick between writes
+    after = cache.load(p)
+    assert after is not before and after.getpixel((0, 0)) == (200, 200, 200) and cache.misses == 2
+
+
+def test_image_cache_is_bounded_and_keeps_the_recently_used(tmp_path):
+    from medvqa_env.images import ImageCache
+
+    paths = [tmp_path / f"{i}.png" for i in range(3)]
+    for i, p in enumerate(paths):
+        _write_png(p, 10 * i)
+    cache = ImageCache(max_bytes=2 * 32 * 24 * 7)  # room for two 32x24 images
+    a, b = cache.load(paths[0]), cache.load(paths[1])
+    cache.load(paths[0])  # a is now the most recent
+    cache.load(paths[2])  # evicts b
+    assert len(cache) == 2 and cache.nbytes <= cache.max_bytes
+    assert cache.load(paths[0]) is a and cache.load(paths[1]) is not b
+    big = ImageCache(max_bytes=100)
+    assert big.load(paths[0]) is not big.load(paths[0]) and len(big) == 0  # larger than the bound: not kept
+
+
+def test_image_cache_never_keeps_a_failure(tmp_path):
+    import pickle
+
+    from medvqa_env.images import ImageCache
+
+    p = tmp_path / "a.png"
+    cache = ImageCache()
+    with pytest.raises(DatasetError, match="record 'r9'.*does not exist"):
+        cache.load(p, "r9")
+    p.write_bytes(png_bytes()[:40])
+    with pytest.raises(DatasetError, match="record 'r9'"):
+        cache.load(p, "r9")
+    _write_png(p, 5)
+    assert cache.load(p, "r9").getpixel((0, 0)) == (5, 5, 5)
+    copy = pickle.loads(pickle.dumps(cache))
+    assert len(copy) == 0 and copy.max_bytes == cache.max_bytes
+
+
+def test_env_copies_sharing_services_decode_a_question_image_once(tmp_path):
+    from medvqa_env.services import EnvServices
+
+    p = tmp_path / "a.png"
+    _write_png(p, 77)
+    ds = VQADataset([VQARecord("q", (str(p),), "Is it?", "yes", AnswerType.CLOSED, "t")])
+    services = EnvServices.build(tools=[], reward=RuleReward())
+    envs = [MedVQAEnv(ds, services=services) for _ in range(3)]
+    obs = [env.reset(options={"index": 0})[0]["images"][0] for env in envs]
+    assert services.images.misses == 1 and services.images.hits == 2
+    assert envs[0].images[0] is envs[2].images[0]
+    assert all(np.array_equal(o, obs[0]) for o in obs) and not np.shares_memory(obs[0], obs[1])
+    obs[0][0, 0] = 0  # each observation is the caller's own, writable copy
+    assert obs[1][0, 0, 0] == 77 and envs[0].images[0].getpixel((0, 0)) == (77, 77, 77)

@@ -250,3 +250,70 @@ def test_a_derived_image_with_a_mask_of_the_wrong_size_is_refused(scene):
                "images": [{"derived": "mask_overlay"}]}
     with pytest.raises(WireError, match="mask of the source image's size"):
         result_from_wire(payload, images_sent=[scene.image])
+
+
+def test_raw_result_images_follow_the_json_as_bytes_for_clients_that_accept_them(http, scene):
+    from tool_backends.wire import FRAMES, result_from_wire, unpack_frames
+
+    body = body_for(scene, "image_zoom_in", {"bbox": [5, 5, 60, 61]}, image_format="raw")
+    plain = http.post("/call", json=body)
+    framed = http.post("/call", json=body, headers={"accept": f"{FRAMES}, application/json"})
+    assert plain.headers["content-type"].startswith("application/json")
+    assert framed.headers["content-type"].startswith(FRAMES) and len(framed.content) < len(plain.content)
+    payload, frames = unpack_frames(framed.content)
+    entry = payload["result"]["images"][0]
+    assert entry["bytes_at"][1] == len(frames) == entry["size"][0] * entry["size"][1] * 3
+    a = result_from_wire(plain.json()["result"])
+    b = result_from_wire(payload["result"], frames=frames)
+    assert a.text == b.text and a.images[0].tobytes() == b.images[0].tobytes()
+    batch = http.post("/call_batch", json={"calls": [body, body]}, headers={"accept": FRAMES})
+    payload, frames = unpack_frames(batch.content)
+    offsets = [r["images"][0]["bytes_at"][0] for r in payload["results"]]
+    assert offsets == [0, len(frames) // 2]
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"bytes_at": [0, 12], "size": [2, 2]}, "does not fit"),     # bytes beyond the response
+    ({"bytes_at": [0, 11], "size": [2, 2]}, "does not fit"),     # length is not w*h*3
+    ({"bytes_at": [-1, 12], "size": [2, 2]}, "expected 'bytes_at'"),
+    ({"bytes_at": [0, 12]}, "expected 'bytes_at'"),
+])
+def test_a_framed_image_that_does_not_fit_its_response_is_refused(entry, message):
+    from tool_backends.wire import WireError, result_from_wire
+
+    with pytest.raises(WireError, match=message):
+        result_from_wire({"text": "ok", "images": [entry]}, frames=memoryview(b"\0" * 6))
+    with pytest.raises(WireError, match="did not carry"):
+        result_from_wire({"text": "ok", "images": [{"bytes_at": [0, 12], "size": [2, 2]}]})
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_without_a_retry():
+    """A keep-alive connection the server dropped while idle is not a failure of the call, even
+    with retries=0: the request goes out again on a fresh connection."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tool_backends.http_client import HTTPToolBackend
+
+    class DropsIdleConnections(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, but the socket is closed after each answer
+
+        def do_GET(self):
+            body = json.dumps({"tools": [{"function": {"name": "t", "parameters": {}}}]}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), DropsIdleConnections) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        client = HTTPToolBackend(["t"], url=f"http://127.0.0.1:{httpd.server_address[1]}", retries=0)
+        for _ in range(3):
+            client._specs = None
+            assert [s.name for s in client.specs()] == ["t"]
+        client.close()
+        httpd.shutdown()

@@ -133,3 +133,24 @@ def test_disk_cache_pickles_to_the_same_directory(tmp_path):
     cache.put("k", ToolResult("v"))
     copy = pickle.loads(pickle.dumps(cache))
     assert (copy.max_entries, copy.max_bytes) == (5, 10_000) and copy.get("k").text == "v" and copy.disk_hits == 1
+
+
+@pytest.mark.parametrize("name,engine,arguments", [
+    ("segment", "classical", {"bbox": [30, 40, 70, 80]}),
+    ("segment_text", "classical", {"text": "bright nodule"}),
+    ("ground", "classical", {"text": "bright lesion"}),
+])
+def test_result_overlays_are_drawn_only_when_read_and_equal_the_eager_drawing(scene, name, engine, arguments):
+    from medvqa_env.images import LazyImage
+    from tool_backends.masks import draw_boxes, overlay_mask
+
+    result = Toolbox.from_config({name: {"engine": engine}}, cache=False).call(
+        ToolCall(name, arguments), [scene.image], ToolContext()).result
+    assert result.ok and len(result.images) == 1, result.text
+    overlay = result.images[0]
+    assert isinstance(overlay, LazyImage) and not overlay.drawn and overlay.size == scene.image.size
+    if "mask_rle" in result.data:
+        eager = overlay_mask(scene.image, rle_to_mask(result.data["mask_rle"]))
+    else:
+        eager = draw_boxes(scene.image, result.data["boxes"])
+    assert overlay.tobytes() == eager.tobytes() and overlay.drawn

@@ -78,3 +78,35 @@ def test_bad_inputs():
         record_to_row(record, 0, "sys", image_mode="url")
     with pytest.raises(ConfigError, match="at least one row"):
         write_parquet([], "unused.parquet")
+
+
+def test_medical_images_reach_verl_as_the_pixels_the_env_shows(tmp_path):
+    """A DICOM with a window fragment, a 16-bit PNG and an image over max_image_side: verl's loader
+    must decode each (raw DICOM bytes would not), and see what the env shows."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "medvqa_env"))  # the medical test files
+    from medical_files import phantom, write_dicom, write_png16
+
+    from medvqa_env.env import MedVQAEnv
+    from medvqa_env.records import AnswerType, VQADataset, VQARecord
+
+    pytest.importorskip("pydicom")
+    dcm = write_dicom(tmp_path / "ct.dcm", phantom(0, 1000).astype(np.uint16))
+    png16 = write_png16(tmp_path / "x16.png", phantom(0, 60000).astype(np.uint16))
+    big = tmp_path / "big.png"
+    Image.new("RGB", (300, 120), (90, 30, 10)).save(big)
+    paths = [f"{dcm}#window=500,1000", str(png16), str(big)]
+    records = [VQARecord(f"m{i}", (p,), "Is there a lesion?", "yes", AnswerType.CLOSED, "med")
+               for i, p in enumerate(paths)]
+    for record in records:
+        row = record_to_row(record, 0, "sys", "bytes", max_image_side=100)
+        shown = Image.open(io.BytesIO(row["images"][0]["bytes"])).convert("RGB")
+        env = MedVQAEnv(VQADataset(records, name="med"), tools=[], reward="rule", max_image_side=100)
+        env.reset(options={"record_id": record.id})
+        assert np.array_equal(np.asarray(shown), np.asarray(env.images[0].convert("RGB")))
+    with pytest.raises(ConfigError, match="fragment"):
+        record_to_row(records[0], 0, "sys", "path")

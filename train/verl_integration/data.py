@@ -6,8 +6,11 @@ reads:
 * ``data_source`` -- ``"medvqa/<dataset>"`` (verl's reward routing key);
 * ``prompt`` -- chat messages: the env's system prompt (it lists the tools' JSON schemas) and the
   user turn with one ``<image>`` placeholder per image, exactly as ``MedVQAEnv.reset`` builds them;
-* ``images`` -- ``[{"bytes": ...}]`` (the original file bytes, portable across nodes) or
-  ``[{"image": "/abs/path"}]`` with ``image_mode="path"``;
+* ``images`` -- ``[{"bytes": ...}]`` (portable across nodes) or ``[{"image": "/abs/path"}]`` with
+  ``image_mode="path"``. Bytes are the original file's when it is a plain PNG/JPEG the env shows as
+  is; anything else (DICOM, NIfTI, 16-bit or float images, a ``#slice=``/``#window=`` fragment, an
+  image over ``max_image_side``) is loaded as the env loads it and sent as the PNG of what the env
+  shows, so verl's loader decodes it and sees the env's pixels. ``path`` mode needs plain files;
 * ``ability`` -- ``"medical_vqa"``;
 * ``reward_model`` -- ``{"style": "rule", "ground_truth": answer}``;
 * ``extra_info`` -- ``index``, ``record_id``, ``dataset``, ``split``, ``answer_type``, ``question``,
@@ -26,6 +29,7 @@ the parquet is what verl uses for length filtering and what single-turn validati
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -47,19 +51,44 @@ def options_from_rows(rows: Iterable[Mapping[str, Any]] | None) -> dict[str, str
     return {str(r["key"]): str(r["text"]) for r in (rows or [])}
 
 
-def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode: str = "bytes") -> dict[str, Any]:
+PLAIN_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def shown_image_bytes(path: str, record_id: str, max_image_side: int = 4096) -> bytes:
+    """What verl should decode for one record image: the file's own bytes when the env would show it
+    unchanged (a plain 8-bit PNG/JPEG within ``max_image_side``), else the PNG of what it shows."""
+    from PIL import Image
+
+    from medvqa_env.frame import fit_image
+    from medvqa_env.images import image_file, load_image
+
+    file = image_file(path)
+    if file == str(path) and Path(file).suffix.lower() in PLAIN_SUFFIXES:
+        with Image.open(file) as im:
+            if im.mode in ("RGB", "L", "RGBA", "P") and max(im.size) <= max_image_side:
+                return Path(file).read_bytes()
+    shown, _ = fit_image(load_image(path, record_id), max_image_side)
+    buf = io.BytesIO()
+    shown.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode: str = "bytes",
+                  max_image_side: int = 4096) -> dict[str, Any]:
     """One verl row for ``record`` (``index`` is its position in the dataset)."""
     if image_mode not in IMAGE_MODES:
         raise ConfigError(f"expected image_mode in {IMAGE_MODES}, got {image_mode!r}")
-    if image_mode == "none":  # a text policy: the question only (the env's tools still see the image)
-        return {**record_to_row(record, index, system_prompt, "path"),
-                "prompt": [{"role": "system", "content": system_prompt},
-                           {"role": "user", "content": prompts.question_prompt(record)}],
-                "images": []}
     user_text = "<image>" * len(record.image_paths) + prompts.question_prompt(record)
-    if image_mode == "bytes":
-        images = [{"bytes": Path(p).read_bytes()} for p in record.image_paths]
+    if image_mode == "none":  # a text policy: the question only (the env's tools still see the image)
+        user_text, images = prompts.question_prompt(record), []
+    elif image_mode == "bytes":
+        images = [{"bytes": shown_image_bytes(p, record.id, max_image_side)} for p in record.image_paths]
     else:
+        from medvqa_env.images import image_file
+
+        if any(image_file(p) != str(p) for p in record.image_paths):
+            raise ConfigError(f"record {record.id!r}: an image with a #fragment needs image_mode='bytes' "
+                              f"(verl opens paths as plain files), got {list(record.image_paths)!r}")
         images = [{"image": str(p)} for p in record.image_paths]
     return {
         "data_source": f"medvqa/{record.dataset}",
@@ -83,7 +112,8 @@ def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode:
 
 
 def dataset_to_rows(dataset: VQADataset, system_prompt: str, image_mode: str = "bytes",
-                    limit: int | None = None, answer_types: Sequence[str] | None = None) -> list[dict[str, Any]]:
+                    limit: int | None = None, answer_types: Sequence[str] | None = None,
+                    max_image_side: int = 4096) -> list[dict[str, Any]]:
     """Rows for the dataset's records (only ``answer_types``, e.g. ``["OPEN"]``, when given), at most
     ``limit`` of them; ``index`` stays the record's position in the dataset."""
     from medvqa_env.records import AnswerType
@@ -92,7 +122,7 @@ def dataset_to_rows(dataset: VQADataset, system_prompt: str, image_mode: str = "
     picked = [i for i in range(len(dataset)) if wanted is None or dataset[i].answer_type in wanted]
     if limit is not None:
         picked = picked[: int(limit)]
-    return [record_to_row(dataset[i], i, system_prompt, image_mode) for i in picked]
+    return [record_to_row(dataset[i], i, system_prompt, image_mode, max_image_side) for i in picked]
 
 
 def env_system_prompt(env_kwargs: Mapping[str, Any] | None = None, dataset: VQADataset | None = None) -> str:
@@ -136,4 +166,6 @@ def convert(env_kwargs: Mapping[str, Any], out_path: str | Path, split: str | No
     kwargs.pop("split", None)
     kwargs.pop("dataset_options", None)
     system_prompt = env_system_prompt(kwargs, dataset=dataset)
-    return write_parquet(dataset_to_rows(dataset, system_prompt, image_mode, limit, answer_types), out_path)
+    rows = dataset_to_rows(dataset, system_prompt, image_mode, limit, answer_types,
+                           max_image_side=int(kwargs.get("max_image_side", 4096)))
+    return write_parquet(rows, out_path)

@@ -203,9 +203,12 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
                 pairs = [(s, w) for s, w in zip(sft_seqs[sl], sft_w[sl].tolist()) if s is not None]
                 if pairs and any(w > 0 for _, w in pairs):
                     sb = pad_batch([s for s, _ in pairs], encoder.pad_token_id)
-                    extra = {"sft_logp": response_logprobs(model, sb, encoder), "sft_mask": sb.response_mask,
-                             "sft_weight": torch.tensor([w for _, w in pairs])}
-            inp = LossInput(logp=logp, old_logp=old, advantages=adv[sl], mask=mb.response_mask, ref_logp=ref, **extra)
+                    sft_logp = response_logprobs(model, sb, encoder)
+                    extra = {"sft_logp": sft_logp, "sft_mask": sb.response_mask.to(sft_logp.device),
+                             "sft_weight": torch.tensor([w for _, w in pairs], device=sft_logp.device)}
+            # log-probs live on the model's device; the batch's masks and advantages were built on CPU
+            inp = LossInput(logp=logp, old_logp=old, advantages=adv[sl].to(logp.device),
+                            mask=mb.response_mask.to(logp.device), ref_logp=ref, **extra)
             loss, m = policy_loss(algo.loss, inp, algo.config)
             # this micro-batch's share of the batch-level aggregate (tokens or sequences)
             share = float(mb.response_mask.sum()) / max(1, total_tokens) if token_mean else len(mb) / len(seqs)

@@ -279,3 +279,29 @@ def test_text_policy_reads_what_the_native_encoder_writes(tmp_path):
                                                       add_generation_prompt=True, tokenize=False)
     native = encoder.conversation(Conversation(messages=env.messages, images=env.images))
     assert encoder.tokenizer.decode(native.ids) == verl_text
+
+
+def test_episodes_in_one_worker_share_toolbox_reward_and_images():
+    """verl builds a fresh env per episode; a GRPO group's episodes in one worker process must
+    still share the toolbox (its cache: the group's identical call runs once), the reward and the
+    decoded images -- across env objects, not one env called n times."""
+    from rewards import default_reward
+    from train.verl_integration.agent_loop import make_env
+
+    reward = default_reward()
+    kwargs = {"dataset": "embedded", "split": "test", "tools": {"segment": {"engine": "classical"}}, "max_turns": 1}
+    envs = [make_env(kwargs, reward=reward) for _ in range(4)]
+    assert len({id(e.services) for e in envs}) == 1 and envs[0].services.reward is reward
+    other = make_env({**kwargs, "tools": {"segment": {"engine": "classical"}, "image_zoom_in": "local"}}, reward=reward)
+    assert other.services is not envs[0].services  # another tool config gets its own toolbox
+    cache = envs[0].services.toolbox.cache
+    misses = cache.misses
+    call = '<tool_call>{"name": "segment", "arguments": {"bbox": [60, 60, 200, 200]}}</tool_call>'
+    observations = []
+    for env in envs:
+        env.reset(seed=3, options={"index": 5})
+        obs, _, _, _, info = env.step(call)
+        observations.append(obs["text"] if isinstance(obs, dict) and "text" in obs else str(info))
+    assert cache.misses - misses == 1 and cache.hits >= 3
+    assert envs[0].services.images.misses == 1 and envs[0].services.images.hits >= 3
+    assert len(set(observations)) == 1

@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 _DATASETS: dict[str, Any] = {}
 _DATASETS_LOCK = threading.Lock()
+_SERVICES: dict[tuple[str, int], Any] = {}
+_SERVICES_LOCK = threading.Lock()
 REWARD_EXTRA_KEYS = ("score", "acc", "format_ok", "answered", "num_tool_calls", "num_tool_turns", "overlong_penalty")
 
 
@@ -87,16 +89,33 @@ def shared_dataset(env_kwargs: Mapping[str, Any]):
         return _DATASETS[key]
 
 
+def shared_services(tools: Any, reward: Any):
+    """One :class:`~medvqa_env.services.EnvServices` per worker process for ``(tools, reward)``:
+    the episodes of a GRPO group that land in this process share one toolbox (loaded tool models,
+    the result cache: the group's identical calls run once) and one decoded-image cache."""
+    from medvqa_env.services import EnvServices, resolve_toolbox
+
+    key = (json.dumps(tools, sort_keys=True, default=str), id(reward))
+    with _SERVICES_LOCK:
+        if key not in _SERVICES:
+            _SERVICES[key] = EnvServices(reward=reward, toolbox=resolve_toolbox(tools))
+        return _SERVICES[key]
+
+
 def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | None = None, reward: Any = None):
-    """A fresh ``MedVQAEnv`` per episode, over the shared dataset and ``reward`` (default: the
-    process-wide reward of :func:`reward.shared_reward` for ``reward_options``: ``threshold_store``,
-    ``armed``)."""
+    """A fresh ``MedVQAEnv`` per episode over what the worker process shares: the dataset, the
+    toolbox and image cache (:func:`shared_services`) and ``reward`` (default: the process-wide
+    reward of :func:`reward.shared_reward` for ``reward_options``: ``threshold_store``, ``armed``).
+    An ``env_kwargs["reward"]`` of its own gives the episode its own services."""
     from medvqa_env.env import MedVQAEnv
 
     kwargs = {k: v for k, v in env_kwargs.items() if k not in ("dataset", "split", "dataset_options")}
-    if kwargs.get("reward") is None:
-        kwargs["reward"] = reward if reward is not None else shared_reward(**dict(reward_options or {}))
-    return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
+    if kwargs.get("reward") is not None:
+        return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
+    reward = reward if reward is not None else shared_reward(**dict(reward_options or {}))
+    services = shared_services(kwargs.pop("tools", None), reward)
+    kwargs.pop("reward", None)
+    return MedVQAEnv(dataset=shared_dataset(env_kwargs), services=services, **kwargs)
 
 
 TEXT_IMAGE_PLACEHOLDER = "<image>"

@@ -29,7 +29,8 @@ from medvqa_env.datasets import load_dataset
 from medvqa_env.env import MedVQAEnv
 
 CLASSICAL_TOOLS = {"image_zoom_in": "local", "segment": {"engine": "classical"}, "ground": {"engine": "classical"}}
-ORACLE_TOOLS = {"image_zoom_in": "local", "segment": {"engine": "oracle"}, "ground": {"engine": "oracle"}}
+ORACLE_TOOLS = {"image_zoom_in": "local", "segment": {"engine": "oracle"}, "ground": {"engine": "oracle"},
+                "classify": {"engine": "oracle"}}
 # (run name, agent name, tool config): the same heuristic agent with classical and with oracle
 # tools shows how much better tools help; the oracle agent reads the annotations (upper bound).
 RUNS = (
@@ -64,6 +65,24 @@ def probe_episode(out_dir: Path, index: int) -> None:
     env.close()
 
 
+def evaluate_baselines(out: Path, limit: int | None = None, workers: int = 2) -> list[tuple[str, object]]:
+    """Each baseline of :data:`RUNS` evaluated on the embedded test split: ``[(run name, EvalSummary)]``."""
+    test = load_dataset("embedded", split="test")
+    train = load_dataset("embedded", split="train")
+    runs = []
+    for run_name, agent_name, tools in RUNS:
+        options = {"dataset": test} if agent_name == "oracle" else {"fit_on": train} if agent_name != "random" else {}
+        agent = build_agent(agent_name, **options)
+        config = EvalConfig(limit=limit, workers=workers, tools=tools)
+        run_dir = out / run_name.replace("(", "_").replace(")", "").replace(" ", "_")
+        start = time.perf_counter()
+        summary = evaluate(agent, test, config, out_dir=run_dir, overwrite=True)
+        print(f"{run_name}: {summary.n_episodes} episodes in {time.perf_counter() - start:.1f} s -> {run_dir}/report.md",
+              file=sys.stderr)
+        runs.append((run_name, summary))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="outputs/demo", help="folder for the picture and the reports")
@@ -78,19 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     probe_episode(out, args.index)
 
     print("\n== 2. Evaluate baselines on the embedded test split ==")
-    test = load_dataset("embedded", split="test")
-    train = load_dataset("embedded", split="train")
-    runs = []
-    for run_name, agent_name, tools in RUNS:
-        options = {"dataset": test} if agent_name == "oracle" else {"fit_on": train} if agent_name != "random" else {}
-        agent = build_agent(agent_name, **options)
-        config = EvalConfig(limit=args.limit, workers=args.workers, tools=tools)
-        run_dir = out / run_name.replace("(", "_").replace(")", "").replace(" ", "_")
-        start = time.perf_counter()
-        summary = evaluate(agent, test, config, out_dir=run_dir, overwrite=True)
-        print(f"{run_name}: {summary.n_episodes} episodes in {time.perf_counter() - start:.1f} s -> {run_dir}/report.md",
-              file=sys.stderr)
-        runs.append((run_name, summary))
+    runs = evaluate_baselines(out, args.limit, args.workers)
     print("\n" + comparison_table(runs))
     print("\n(Baselines on synthetic phantoms: a check that the env, tools and rewards work, not a medical claim.)")
     return 0

@@ -14,7 +14,7 @@ afterwards (a multi-turn episode, a GRPO group). A server that no longer holds i
 the client sends the image again.
 
 A result image that is a pure function of the source image and the result's ``data`` (a mask
-overlay, boxes drawn) names its ``data["image_recipe"]``; for clients that ask
+overlay, boxes drawn, a zoom's enlarged crop) names its ``data["image_recipe"]``; for clients that ask
 (``derived_ok``), the server sends ``{"derived": recipe}`` instead of pixels and the client redraws
 it from the image it already holds, with the same function, so the pixels are identical. The
 redraw is a :class:`LazyImage`: drawn on first pixel access, so a caller that never looks at the
@@ -236,7 +236,7 @@ def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str
     return out
 
 
-RECIPES = ("mask_overlay", "boxes")
+RECIPES = ("mask_overlay", "boxes", "crop")
 
 
 def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> Image.Image:
@@ -251,6 +251,18 @@ def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> I
     if recipe == "boxes":
         boxes = data["boxes"]
         return LazyImage(lambda: draw_boxes(source, boxes), source.size)
+    if recipe == "crop":  # image_zoom_in: the region of the source, enlarged to the result's size
+        from tool_backends.zoom import crop_to_size
+
+        region, size = data.get("region"), data.get("size")
+        if (not isinstance(region, list) or len(region) != 4 or not all(isinstance(v, int) for v in region)
+                or not 0 <= region[0] < region[2] <= source.size[0] or not 0 <= region[1] < region[3] <= source.size[1]):
+            raise WireError(f"a crop needs a region inside the source image's {source.size}, got {region!r}")
+        if (not isinstance(size, list) or len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size)
+                or size[0] * size[1] > DEFAULT_MAX_PIXELS):
+            raise WireError(f"a crop needs a positive size [w, h] within the pixel limit, got {size!r}")
+        box, dims = tuple(region), tuple(size)  # copies: callers may rewrite the result's data later
+        return LazyImage(lambda: crop_to_size(source, box, dims), dims)
     raise WireError(f"expected an image recipe in {list(RECIPES)}, got {recipe!r}")
 
 

@@ -13,12 +13,18 @@ from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_mi
 def crop_and_resize(image: Image.Image, box: tuple[int, int, int, int], target_short_side: int,
                     max_side: int) -> Image.Image:
     """The bare operation the tool wraps (the baseline in ``benchmarks/env_overhead.py``)."""
-    crop = image.crop(box)
-    w, h = crop.size
+    w, h = box[2] - box[0], box[3] - box[1]
     scale = min(max(1.0, target_short_side / min(w, h)), max_side / max(w, h))
-    if scale != 1.0:
-        crop = crop.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BICUBIC)
-    return crop
+    size = (w, h) if scale == 1.0 else (max(1, round(w * scale)), max(1, round(h * scale)))
+    return crop_to_size(image, box, size)
+
+
+def crop_to_size(image: Image.Image, box: tuple[int, int, int, int], size: tuple[int, int]) -> Image.Image:
+    """``box`` of ``image`` at ``size`` (bicubic when it differs): the zoom's pixels from its result
+    data alone, which is how a remote zoom's crop travels (the ``crop`` recipe of
+    :mod:`tool_backends.wire`, redrawn on the client from the image it sent)."""
+    crop = image.crop(box)
+    return crop if crop.size == tuple(size) else crop.resize(tuple(size), Image.Resampling.BICUBIC)
 
 
 class ZoomTool(Tool):
@@ -65,5 +71,5 @@ class ZoomTool(Tool):
             text=(f"Zoomed into region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source}; "
                   f"enlarged to {crop.size[0]}x{crop.size[1]}."),
             images=[crop],
-            data={"region": list(box), "image_index": source},
+            data={"region": list(box), "image_index": source, "size": list(crop.size), "image_recipe": "crop"},
         )

@@ -219,7 +219,7 @@ def test_a_server_that_forgot_an_image_gets_it_again(start_server, scene, tmp_pa
     forgetful = start_server(["serve", "--tools", "image_zoom_in", "--image-store-mb", "0",
                               "--result-dir", str(tmp_path), "--cache-size", "0"])
     client = HTTPToolBackend(["image_zoom_in"], url=forgetful.url, transport="raw", result_format="path",
-                             shared_dir=str(tmp_path))
+                             shared_dir=str(tmp_path), derived_images=False)  # the crop as a file, not a recipe
     results = [client.call("image_zoom_in", [scene.image], {"bbox": [0, 0, 30, 30]}, ToolContext()) for _ in range(2)]
     assert results[0].ok and results[1].text == results[0].text  # the second call got a 409 and resent
     assert results[1].images[0].tobytes() == results[0].images[0].tobytes() and list(tmp_path.glob("*.bmp"))
@@ -317,3 +317,26 @@ def test_a_kept_connection_the_server_closed_is_replaced_without_a_retry():
             assert [s.name for s in client.specs()] == ["t"]
         client.close()
         httpd.shutdown()
+
+
+def test_a_remote_zoom_travels_as_a_crop_recipe_with_the_same_pixels(server, token_env, scene):
+    """The zoom's enlarged crop is a function of the image the client sent and the result's data:
+    the server sends the recipe, the client redraws identical pixels when they are first read."""
+    client = HTTPToolBackend(["image_zoom_in"], url=server.url, token_env=token_env)
+    plain = HTTPToolBackend(["image_zoom_in"], url=server.url, token_env=token_env, derived_images=False)
+    args = {"bbox": [5, 7, 40, 61]}
+    a, b = (c.call("image_zoom_in", [scene.image], args, ToolContext()) for c in (client, plain))
+    assert a.ok and not a.images[0].drawn and a.images[0].size == b.images[0].size == tuple(a.data["size"])
+    assert a.images[0].tobytes() == b.images[0].tobytes() and a.text == b.text
+    client.close(), plain.close()
+
+
+@pytest.mark.parametrize("data, match", [({"region": [0, 0, 10**6, 5], "size": [4, 4]}, "inside the source"),
+                                         ({"region": [0, 0, 5, 5], "size": [0, 4]}, "positive size"),
+                                         ({"region": "0,0,5,5", "size": [4, 4]}, "inside the source")])
+def test_a_crop_recipe_outside_the_image_is_refused(scene, data, match):
+    from tool_backends.wire import WireError, result_from_wire
+
+    payload = {"text": "ok", "data": {"image_index": 0, **data}, "images": [{"derived": "crop"}]}
+    with pytest.raises(WireError, match=match):
+        result_from_wire(payload, images_sent=[scene.image])

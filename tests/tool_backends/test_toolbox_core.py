@@ -30,8 +30,9 @@ class Crashing(Tool):
 
 def test_zoom_crops_the_asked_region_and_enlarges(image):
     result = ZoomTool()([image], {"bbox": [10, 20, 60, 50]})
-    assert result.ok and result.data == {"region": [10, 20, 60, 50], "image_index": 0}
     crop = result.images[0]
+    assert result.ok and result.data == {"region": [10, 20, 60, 50], "image_index": 0, "size": list(crop.size),
+                                         "image_recipe": "crop"}  # what a remote client redraws the crop from
     assert min(crop.size) == 336 and crop.size[0] / crop.size[1] == pytest.approx(50 / 30, rel=0.02)
     expected = np.asarray(image.crop((10, 20, 60, 50)).resize(crop.size, Image.Resampling.BICUBIC))
     assert np.array_equal(np.asarray(crop), expected)

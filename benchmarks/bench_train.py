@@ -13,7 +13,8 @@ configurations run the same trainer code (``train.rollout.collect_rollouts``,
   its own copy of the prompt (``share_prompts=False, reuse_onpolicy_logp=False``);
 * **now** -- ``--threads`` torch threads (both cores), generation in one batch, the behaviour
   log-probs taken from the training forward (one epoch: the same numbers), each GRPO group's prompt
-  run once for the policy and the reference (:func:`train.batching.response_logprobs`).
+  run once for the policy and the reference (:func:`train.batching.response_logprobs`) and
+  prefilled once for generation (``HFGenerator(share_prompts=True)``).
 
 "now" runs with the env copies in this process (``local``: a thread pool) and in Ray actors.
 """
@@ -108,6 +109,7 @@ def run_configs(names, args: Args, model, encoder, reference, steps: int, thread
             for c in (names if step % 2 == 0 else names[::-1]):
                 _, n_threads, gen_batches, fast = CONFIGS[c]
                 torch.set_num_threads(n_threads or threads)
+                gen.inner.share_prompts = fast  # a group's prompt prefilled once for generation too
                 t0 = time.perf_counter()
                 batch = collect_rollouts(gen, pools[c], encoder, req, groups, micro_batch=-(-n // gen_batches))
                 rollout = time.perf_counter() - t0
@@ -162,8 +164,8 @@ def main(argv=None) -> str:
              f"scripted (teacher-forced) `ground` call to the oracle engine, then the policy samples up to "
              f"{args.max_new_tokens} tokens; GRPO update with k3 KL against a frozen reference, micro-batch "
              f"{args.micro_batch}; mean of {steps} step(s) after one warm-up, configurations alternating step by step. "
-             f"*baseline*: 1 torch thread, generation in 2 micro-batches, behaviour log-probs by a separate forward, "
-             f"every rollout runs its own prompt. *now*: {ns.threads} torch thread(s), one generation batch, behaviour "
+             f"*baseline*: 1 torch thread, generation in 2 micro-batches (each rollout prefilling its own prompt), behaviour log-probs by a separate forward, "
+             f"every rollout runs its own prompt. *now*: {ns.threads} torch thread(s), one generation batch (each group's prompt prefilled once), behaviour "
              f"log-probs from the training forward, each group's prompt run once. Tool calls and rewards run inside "
              f"the env step (in the actors for Ray).", "",
              "| phase (s per step) | " + " | ".join(labels[c] for c in names) + " |",

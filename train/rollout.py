@@ -102,9 +102,34 @@ class HFGenerator:
     """Batched sampling with a transformers model (left padding; pixel inputs for a VLM)."""
 
     def __init__(self, model, encoder: ChatEncoder, max_new_tokens: int = 48, temperature: float = 1.0,
-                 top_p: float = 1.0, greedy: bool = False) -> None:
+                 top_p: float = 1.0, greedy: bool = False, share_prompts: bool = True) -> None:
         self.model, self.encoder = model, encoder
         self.max_new_tokens, self.temperature, self.top_p, self.greedy = max_new_tokens, temperature, top_p, greedy
+        self.share_prompts = share_prompts
+
+    def _prefill_once_per_context(self, ids: torch.Tensor, attn: torch.Tensor, device):
+        """The key/value cache of every row but its last token, each *distinct* row computed once
+        and repeated for its copies (a GRPO group's n copies start from one context): ``generate``
+        then only runs the last prompt token and the new ones. ``None`` when nothing repeats or the
+        model has no cache to hand over. Text policies only (a VLM's prompt carries pixel inputs
+        and rotary state that ``generate`` builds itself)."""
+        rows = [tuple(r) for r in ids.tolist()]
+        first: dict[tuple, int] = {}
+        mapping = [first.setdefault(r, len(first)) for r in rows]
+        if len(first) == len(rows) or ids.shape[1] < 2:
+            return None
+        keep = torch.tensor([rows.index(r) for r in first])
+        u_ids, u_attn = ids[keep, :-1].to(device), attn[keep, :-1].to(device)
+        positions = (u_attn.long().cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+        try:
+            out = self.model(input_ids=u_ids, attention_mask=u_attn, position_ids=positions, use_cache=True)
+        except TypeError:  # a model without position_ids / cache arguments: generate does it all
+            return None
+        cache = getattr(out, "past_key_values", None)
+        if cache is None or not hasattr(cache, "batch_select_indices"):
+            return None
+        cache.batch_select_indices(torch.tensor(mapping, device=device))
+        return cache
 
     @torch.no_grad()
     def generate(self, contexts: Sequence[Encoded], convs: Sequence[Conversation] = ()) -> list[list[int]]:
@@ -128,6 +153,10 @@ class HFGenerator:
             sampling["suppress_tokens"] = self.encoder.vision_token_ids()
         was_training = self.model.training
         self.model.eval()
+        if self.share_prompts and not pix:
+            shared = self._prefill_once_per_context(ids, attn, device)
+            if shared is not None:
+                kwargs["past_key_values"] = shared
         out = self.model.generate(**kwargs, max_new_tokens=self.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                                   **sampling)
         self.model.train(was_training)

@@ -121,3 +121,32 @@ def test_dynamic_sampling_is_bounded_and_says_so():
     assert everything.rounds == 1 and len(everything.batch.trajectories) == 4
     with pytest.raises(ValueError, match="max_rounds"):
         fill_groups(lambda r: _round_of([[1, 1]]), want_groups=1, max_rounds=0)
+
+
+def test_a_group_prompt_is_prefilled_once_and_generation_is_unchanged():
+    """Copies of one context (a GRPO group) share one prefill; the sampled tokens do not change."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    enc = ChatEncoder(tiny_bpe_tokenizer(), system_prompt="Short.")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(enc.tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2))
+    a = enc.tokenizer("Is there a lesion in the liver?")["input_ids"]
+    b = enc.tokenizer("Which organ?")["input_ids"]
+    contexts = [SimpleNamespace(ids=x, pixel_values=None, image_grid_thw=None) for x in (a, a, b, a)]
+    prefill_rows = []
+    hook = model.register_forward_pre_hook(lambda m, args, kw: prefill_rows.append(kw["input_ids"].shape),
+                                           with_kwargs=True)
+    shared = HFGenerator(model, enc, max_new_tokens=6, greedy=True).generate(contexts)
+    first_forward = prefill_rows[0]
+    hook.remove()
+    plain = HFGenerator(model, enc, max_new_tokens=6, greedy=True, share_prompts=False).generate(contexts)
+    assert first_forward == (2, len(a) - 1)  # two distinct contexts, all but the last token
+    assert shared == plain and shared[0] == shared[1] == shared[3]
+    sampled = []
+    for share in (True, False):  # sampling draws the same random numbers either way
+        torch.manual_seed(1)
+        sampled.append(HFGenerator(model, enc, max_new_tokens=6, temperature=0.7, share_prompts=share).generate(contexts))
+    assert sampled[0] == sampled[1]

@@ -153,7 +153,7 @@ class HFGenerator:
             sampling["suppress_tokens"] = self.encoder.vision_token_ids()
         was_training = self.model.training
         self.model.eval()
-        if self.share_prompts and not pix:
+        if self.share_prompts and not self.encoder.is_vlm:  # a VLM's rotary positions are its own
             shared = self._prefill_once_per_context(ids, attn, device)
             if shared is not None:
                 kwargs["past_key_values"] = shared

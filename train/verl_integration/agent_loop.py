@@ -39,7 +39,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils.profiler import simple_timer
 
-from train.verl_integration.config import AGENT_NAME, MEDVQA_DEFAULTS
+from train.verl_integration.config import AGENT_NAME, MEDVQA_DEFAULTS, plain
 from train.verl_integration.reward import overlong_penalty, score_turn, shared_reward
 from train.verl_integration.reward_state import episode_log, reward_for_step
 
@@ -52,21 +52,11 @@ _SERVICES_LOCK = threading.Lock()
 REWARD_EXTRA_KEYS = ("score", "acc", "format_ok", "answered", "num_tool_calls", "num_tool_turns", "overlong_penalty")
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf containers -> plain Python (verl hands sections over as ``DictConfig``)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with verl
-        pass
-    return value
 
 
 def load_settings(trainer_config: Any) -> dict[str, Any]:
     """``MEDVQA_DEFAULTS`` overlaid with the config's ``medvqa`` section (one level deep for dicts)."""
-    section = _plain(trainer_config.get("medvqa")) if hasattr(trainer_config, "get") else None
+    section = plain(trainer_config.get("medvqa")) if hasattr(trainer_config, "get") else None
     settings = json.loads(json.dumps(MEDVQA_DEFAULTS))
     for key, value in (section or {}).items():
         if isinstance(value, Mapping) and isinstance(settings.get(key), dict):
@@ -180,7 +170,7 @@ class MedVQAAgentLoop(AgentLoopBase):
         reward: the first trajectory of step k ends batch k-1 of the shared ARMed state, so every
         trajectory of step k meets the same thresholds; validation scores with a frozen copy."""
         loop = asyncio.get_running_loop()
-        extra_info = dict(_plain(kwargs.get("extra_info")) or {})
+        extra_info = dict(plain(kwargs.get("extra_info")) or {})
         reward = await loop.run_in_executor(None, reward_for_step, self.settings.get("reward") or {},
                                             kwargs.get("global_steps"), bool(kwargs.get("medvqa_validate", False)))
         # the row's split: validation rows come from another split than medvqa.env.split

@@ -340,3 +340,15 @@ def _validate_medvqa(cfg) -> None:
         raise ConfigError(
             f"expected actor_rollout_ref.rollout.multi_turn.max_assistant_turns >= medvqa.env.max_turns + 1 "
             f"= {env_turns + 1} (tool turns + the answer turn), got {multi_turn.max_assistant_turns}")
+
+
+def plain(value: Any) -> Any:
+    """OmegaConf containers -> plain Python (verl hands sections over as ``DictConfig``)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with verl
+        pass
+    return value

@@ -29,6 +29,8 @@ import os
 import threading
 from typing import Any, Mapping
 
+from train.verl_integration.config import plain
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "medvqa_reward_state.json"
@@ -85,15 +87,6 @@ def reward_for_step(reward_options: Mapping[str, Any], global_steps: Any, valida
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
-def _plain(value: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with verl
-        pass
-    return value
 
 
 def resume_folder(trainer_config: Any) -> str | None:
@@ -134,7 +127,7 @@ class RewardStateCheckpoint(_callback_base()):
         from train.verl_integration.config import MEDVQA_DEFAULTS
         from train.verl_integration.reward import shared_reward
 
-        medvqa = _plain(config.get("medvqa")) if config is not None and hasattr(config, "get") else None
+        medvqa = plain(config.get("medvqa")) if config is not None and hasattr(config, "get") else None
         self.reward_options = dict((medvqa or {}).get("reward") or MEDVQA_DEFAULTS["reward"])
         self.reward = shared_reward(**self.reward_options)
         self.loaded_from: str | None = None

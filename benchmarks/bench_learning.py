@@ -74,6 +74,38 @@ def summarise(name: str, folder: str, key: str) -> dict[str, float | int | str]:
     return {f"{name}.{k}": v for k, v in fig.items()}
 
 
+VERL_VS_NATIVE = ("verl_open", "verl_cpu/open_sft60")  # verl's trainer on CPU beside the native one
+
+
+def _plot_script():
+    """``scripts/plot_verl_vs_native.py`` as a module: its readers of verl and native run folders."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plot_verl_vs_native", ROOT / "scripts" / "plot_verl_vs_native.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def verl_vs_native(name: str, folder: str) -> dict[str, float | int]:
+    """Held-out accuracy and reward of the verl run and each native seed: start, end, best."""
+    plot = _plot_script()
+    curves = {"verl": plot.verl_curve(RUNS / folder / "verl")}
+    for run in sorted((RUNS / folder).glob("native_s*")):
+        curves[run.name] = plot.native_curve(run)
+    fig: dict[str, float | int] = {}
+    for label, curve in curves.items():
+        if not curve:
+            continue
+        steps = sorted(curve)
+        fig[f"{label}.steps"] = steps[-1]
+        for i, metric in enumerate(("accuracy", "reward")):
+            fig[f"{label}.{metric}.start"] = curve[steps[0]][i]
+            fig[f"{label}.{metric}.end"] = curve[steps[-1]][i]
+            fig[f"{label}.{metric}.best"] = max(curve[s][i] for s in steps)
+    return {f"{name}.{k}": v for k, v in fig.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
@@ -87,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(f"| {what} (`docs/training_runs/{folder}`) | {f[name + '.seeds']} | `{key}` | "
                     f"{f[name + '.metric.start']:.3f} | {f[name + '.metric.end_mean']:.3f} ± "
                     f"{f[name + '.metric.end_std']:.3f} | {f[name + '.metric.end_seeds']} | {f[name + '.learned']} |")
+    if (RUNS / VERL_VS_NATIVE[1] / "verl").is_dir():
+        figures.update(verl_vs_native(*VERL_VS_NATIVE))
     section = "\n".join([
         "## Learning (from the committed run data)", "",
         "Held-out (greedy) metric at step 0 and at the last step of each GRPO seed; a seed *learned* when",

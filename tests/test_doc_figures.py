@@ -96,3 +96,16 @@ def test_a_quick_run_keeps_no_results_unless_told_where():
 def test_paths_in_docs_are_found_in_code_spans_and_links_only():
     text = "Run `tests/eval/test_nope.py` (see [data](docs/training_runs/)); eval/accuracy, `tests/test_*.py`"
     assert figures.named_paths(text) == ["tests/eval/test_nope.py", "docs/training_runs"]
+
+
+def test_learning_figures_are_what_the_committed_run_files_say(tmp_path, monkeypatch):
+    """``benchmarks/results/learning.json`` is derived from ``docs/training_runs/``: a run file
+    changed without rerunning ``bench_learning.py`` (or a hand-edited figure) fails here."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "benchmarks" / "bench_learning.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--results", str(tmp_path)])
+    fresh = json.loads((tmp_path / "learning.json").read_text())["figures"]
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
+    assert fresh == recorded

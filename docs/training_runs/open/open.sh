@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE=1
 PY=".venv/bin/python"
 T='/usr/bin/time -f %U_user_%S_sys_%e_wall'
 TOOL=${TOOL:-oracle}
-SFT_STEPS=${SFT_STEPS:-40}
+SFT_STEPS=${SFT_STEPS:-60}   # the committed runs: 60 (oracle_sft150: 150)
 OUT=runs/open/${NAME:-$TOOL}
 mkdir -p $OUT
 [ -f $OUT/sft/final/config.json ] || nice -n 10 $T $PY -m train.sft --policy tiny-qwen2-vl --demo-prompt \

@@ -305,3 +305,17 @@ def test_episodes_in_one_worker_share_toolbox_reward_and_images():
     assert cache.misses - misses == 1 and cache.hits >= 3
     assert envs[0].services.images.misses == 1 and envs[0].services.images.hits >= 3
     assert len(set(observations)) == 1
+
+
+def test_a_new_reward_keeps_the_worker_toolbox():
+    """verl scores validation with a frozen reward per step: the episodes switch reward objects,
+    but tools must not load again (nor toolboxes pile up) at every validation step."""
+    from rewards import default_reward
+    from train.verl_integration.agent_loop import make_env
+
+    kwargs = {"dataset": "embedded", "split": "test", "tools": {"segment": {"engine": "classical"}}, "max_turns": 1}
+    first, second = default_reward(), default_reward()
+    a, b, c = make_env(kwargs, reward=first), make_env(kwargs, reward=second), make_env(kwargs, reward=first)
+    assert b.services.reward is second and c.services.reward is first
+    assert a.services.toolbox is b.services.toolbox is c.services.toolbox
+    assert a.services.images is b.services.images is c.services.images

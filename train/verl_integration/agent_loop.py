@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 _DATASETS: dict[str, Any] = {}
 _DATASETS_LOCK = threading.Lock()
-_SERVICES: dict[tuple[str, int], Any] = {}
+_SERVICES: dict[str, Any] = {}  # tool config -> the services episodes use now
 _SERVICES_LOCK = threading.Lock()
 REWARD_EXTRA_KEYS = ("score", "acc", "format_ok", "answered", "num_tool_calls", "num_tool_turns", "overlong_penalty")
 
@@ -80,16 +80,21 @@ def shared_dataset(env_kwargs: Mapping[str, Any]):
 
 
 def shared_services(tools: Any, reward: Any):
-    """One :class:`~medvqa_env.services.EnvServices` per worker process for ``(tools, reward)``:
-    the episodes of a GRPO group that land in this process share one toolbox (loaded tool models,
-    the result cache: the group's identical calls run once) and one decoded-image cache."""
+    """The worker process's :class:`~medvqa_env.services.EnvServices` for ``tools``: the episodes of
+    a GRPO group that land in this process share one toolbox (loaded tool models, the result cache:
+    the group's identical calls run once) and one decoded-image cache. The reward changes at
+    validation steps (a frozen copy per step, :func:`reward_state.reward_for_step`); the toolbox
+    and images are kept across those changes, so tools load once per process."""
     from medvqa_env.services import EnvServices, resolve_toolbox
 
-    key = (json.dumps(tools, sort_keys=True, default=str), id(reward))
+    key = json.dumps(tools, sort_keys=True, default=str)
     with _SERVICES_LOCK:
-        if key not in _SERVICES:
-            _SERVICES[key] = EnvServices(reward=reward, toolbox=resolve_toolbox(tools))
-        return _SERVICES[key]
+        current = _SERVICES.get(key)
+        if current is None:
+            current = _SERVICES[key] = EnvServices(reward=reward, toolbox=resolve_toolbox(tools))
+        elif current.reward is not reward:
+            current = _SERVICES[key] = EnvServices(reward=reward, toolbox=current.toolbox, images=current.images)
+        return current
 
 
 def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | None = None, reward: Any = None):

@@ -54,8 +54,8 @@ def summarise(name: str, folder: str, key: str) -> dict[str, float | int | str]:
         fig[f"{label}.end_std"] = statistics.pstdev(end)
         fig[f"{label}.end_seeds"] = ", ".join(f"{v:.3f}" for v in end)
         fig[f"{label}.end_min"], fig[f"{label}.end_max"] = min(end), max(end)
-    fig["learned"] = sum(e_end > fig["metric.start"] + LEARNED_BY
-                         for e_end in (float(v) for v in str(fig["metric.end_seeds"]).split(", ")))
+        if label == "metric":
+            fig["learned"] = sum(e > s + LEARNED_BY for s, e in zip(start, end))
     last = [read_run(p)[-1] for p in runs]
     walls = [r["time/wall_s"] for r in last if "time/wall_s" in r]
     if walls:

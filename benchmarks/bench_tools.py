@@ -88,6 +88,19 @@ def median_ms(fn, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def interleaved_ms(fns: dict, repeats: int) -> dict[str, float]:
+    """Median ms per call of each of ``fns``, timed call by call in turn (the order rotating every
+    round), so a slow spell of this shared machine hits every variant alike."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    keys = list(fns)
+    for i in range(repeats):
+        for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            t0 = time.perf_counter()
+            fns[key]()
+            times[key].append(time.perf_counter() - t0)
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
+
+
 def _forget(box: Toolbox) -> None:
     """Make the next call upload its image again (as a client that never sent it would)."""
     for backend in dict.fromkeys(box._backends.values()):
@@ -113,20 +126,22 @@ def latency(images, url: str, shared: str, repeats: int) -> list[dict]:
     for tool in TOOLS:
         row = {"tool": tool, "local": [], "local_read": [], "raw_repeat_read": [],
                **{f"{tr}_upload": [] for tr in remotes}, **{f"{tr}_repeat": [] for tr in remotes}}
-        for n, image in enumerate(images):
+        for image in images:
             call = ToolCall(tool, arguments(tool, image.size))
             local.call(call, [image], ctx)  # warm-up
             remotes["raw"].call(call, [image], ctx)
-            pair = [("local", lambda: local.call(call, [image], ctx)),
-                    ("raw_repeat", lambda: remotes["raw"].call(call, [image], ctx)),
-                    ("local_read", lambda: read_pixels(local, call, image)),
-                    ("raw_repeat_read", lambda: read_pixels(remotes["raw"], call, image))]
-            for key, fn in (pair if n % 2 == 0 else pair[::-1]):  # in-process and remote take turns going first
-                row[key].append(median_ms(fn, repeats))
+            for tr in ("png", "path"):
+                remotes[tr].call(call, [image], ctx)  # the server holds the image from here on
+            timed = interleaved_ms({
+                "local": lambda: local.call(call, [image], ctx),
+                "raw_repeat": lambda: remotes["raw"].call(call, [image], ctx),
+                "png_repeat": lambda: remotes["png"].call(call, [image], ctx),
+                "path_repeat": lambda: remotes["path"].call(call, [image], ctx),
+                "local_read": lambda: read_pixels(local, call, image),
+                "raw_repeat_read": lambda: read_pixels(remotes["raw"], call, image)}, repeats)
+            for key, ms in timed.items():
+                row[key].append(ms)
             for tr, box in remotes.items():
-                if tr != "raw":
-                    box.call(call, [image], ctx)
-                    row[f"{tr}_repeat"].append(median_ms(lambda: box.call(call, [image], ctx), repeats))
 
                 def upload():
                     _forget(box)
@@ -207,7 +222,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
                     "none with --quick)")
     args = ap.parse_args(argv)
-    n_images, repeats, seconds = (3, 3, 1.0) if args.quick else (8, 7, 3.0)
+    n_images, repeats, seconds = (3, 3, 1.0) if args.quick else (8, 15, 3.0)
     images = load_images(args.vqa_rad, n_images)
     load_before = os.getloadavg()[0]
     shared = tempfile.mkdtemp(prefix="medvqa-bench-shared-")
@@ -226,12 +241,14 @@ def main(argv: list[str] | None = None) -> str:
         "## Tool backends: in-process vs remote (loopback), transports, throughput, cache",
         "",
         f"`{cmd}` — {len(images)} VQA-RAD images ({', '.join(sizes)}), median ms per call over images "
-        f"(each the median of {repeats} calls); server and env caches off. *upload*: an image the client "
+        f"(each the median of {repeats} calls; the in-process and *repeat* variants are timed call by call in "
+        "turn, so a slow spell of the machine hits them alike); server and env caches off. *upload*: an image the client "
         "has not sent (hash + encode + transfer + decode, results back in the same format); *repeat*: the "
         "server holds the image, the client sends its digest (every later turn of an episode). A result image "
-        "that is a pure function of the source and the result (segment's overlay, ground's boxes) travels as a "
-        "recipe and is drawn on the client when first read; *images read* times the call plus reading every "
-        "result image's pixels (the server's tool still draws its own copy, which it does not send). "
+        "that is a pure function of the source and the result (segment's overlay, ground's boxes, the zoom's crop, "
+        "the classical re-render) travels as a recipe: the server does not draw it and the client draws it when "
+        "first read (in-process, the tool's image is drawn when first read too); *images read* times the call "
+        "plus reading every result image's pixels. "
         f"Load average during the run: {load_before:.1f} (this machine has {os.cpu_count()} cores, shared).",
         "",
         "| tool | in-process | png upload | raw upload | path upload | png repeat | raw repeat | path repeat "

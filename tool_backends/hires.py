@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.engines import build_engine
 from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_min_size, resolve_bbox, show_box, unit
@@ -56,15 +57,20 @@ class HiresRenderTool(Tool):
             box = expand_to_min_size(box, image.size, self.min_size)
         else:
             box = (0, 0, w, h)
-        crop = image.crop(box)
-        cw, ch = crop.size
+        cw, ch = box[2] - box[0], box[3] - box[1]
         scale = min(float(arguments["scale"]), self.max_side / max(cw, ch))
         scale = max(scale, 1.0) if max(cw, ch) <= self.max_side else scale
         size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
-        out = self.engine.upscale(crop, size)
+        data = {"image_index": source, "region": list(box), "scale": round(scale, 4), "engine": self.engine_name,
+                "size": list(size)}
+        recipe = getattr(self.engine, "recipe", None)
+        if recipe is not None:  # a pure function of the source: drawn when first read, sent as a recipe
+            engine = self.engine
+            out = LazyImage(lambda: engine.upscale(image.crop(box), size), size)
+            data.update(image_recipe="upscale", render=recipe())
+        else:
+            out = self.engine.upscale(image.crop(box), size)
         text = (f"Re-rendered region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source} at "
                 f"{scale:.2f}x ({size[0]}x{size[1]} pixels) with "
                 f"the {self.engine_name} engine. Edges are sharpened; no detail beyond the source pixels is added.")
-        return ToolResult(text=text, images=[out],
-                          data={"image_index": source, "region": list(box), "scale": round(scale, 4),
-                                "engine": self.engine_name, "size": list(size)})
+        return ToolResult(text=text, images=[out], data=data)

@@ -14,11 +14,12 @@ afterwards (a multi-turn episode, a GRPO group). A server that no longer holds i
 the client sends the image again.
 
 A result image that is a pure function of the source image and the result's ``data`` (a mask
-overlay, boxes drawn, a zoom's enlarged crop) names its ``data["image_recipe"]``; for clients that ask
-(``derived_ok``), the server sends ``{"derived": recipe}`` instead of pixels and the client redraws
-it from the image it already holds, with the same function, so the pixels are identical. The
-redraw is a :class:`LazyImage`: drawn on first pixel access, so a caller that never looks at the
-overlay (a text policy, a log) never pays for it.
+overlay, boxes drawn, a zoom's enlarged crop, ``hires_render``'s classical re-render) names its
+``data["image_recipe"]``; for clients that ask (``derived_ok``), the server sends ``{"derived":
+recipe}`` instead of pixels and the client redraws it from the image it already holds, with the
+same function, so the pixels are identical. Tools return such images as a :class:`LazyImage` and
+the redraw is one too: drawn on first pixel access, so neither a server that sends the recipe nor
+a caller that never looks at the image (a text policy, a log) pays for drawing it.
 
 >>> from PIL import Image
 >>> im = Image.new("RGB", (3, 2), (10, 20, 30))
@@ -236,7 +237,7 @@ def encode_images_for_call(images: Sequence[Image.Image], arguments: Mapping[str
     return out
 
 
-RECIPES = ("mask_overlay", "boxes", "crop")
+RECIPES = ("mask_overlay", "boxes", "crop", "upscale")
 
 
 def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> Image.Image:
@@ -251,19 +252,51 @@ def derive_image(recipe: str, source: Image.Image, data: Mapping[str, Any]) -> I
     if recipe == "boxes":
         boxes = data["boxes"]
         return LazyImage(lambda: draw_boxes(source, boxes), source.size)
-    if recipe == "crop":  # image_zoom_in: the region of the source, enlarged to the result's size
-        from tool_backends.zoom import crop_to_size
+    if recipe in ("crop", "upscale"):
+        box, dims = _region_and_size(recipe, source, data)  # copies: callers may rewrite the result's data later
+        if recipe == "crop":  # image_zoom_in: the region of the source, enlarged to the result's size
+            from tool_backends.zoom import crop_to_size
 
-        region, size = data.get("region"), data.get("size")
-        if (not isinstance(region, list) or len(region) != 4 or not all(isinstance(v, int) for v in region)
-                or not 0 <= region[0] < region[2] <= source.size[0] or not 0 <= region[1] < region[3] <= source.size[1]):
-            raise WireError(f"a crop needs a region inside the source image's {source.size}, got {region!r}")
-        if (not isinstance(size, list) or len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size)
-                or size[0] * size[1] > DEFAULT_MAX_PIXELS):
-            raise WireError(f"a crop needs a positive size [w, h] within the pixel limit, got {size!r}")
-        box, dims = tuple(region), tuple(size)  # copies: callers may rewrite the result's data later
-        return LazyImage(lambda: crop_to_size(source, box, dims), dims)
+            return LazyImage(lambda: crop_to_size(source, box, dims), dims, source.mode)
+        from tool_backends.engines.classical import LanczosSharpen  # hires_render's classical engine
+
+        engine = LanczosSharpen(**_render_options(data.get("render")))
+        return LazyImage(lambda: engine.upscale(source.crop(box), dims), dims)
     raise WireError(f"expected an image recipe in {list(RECIPES)}, got {recipe!r}")
+
+
+def _region_and_size(recipe: str, source: Image.Image, data: Mapping[str, Any]):
+    """``data``'s ``region`` (inside ``source``) and ``size`` (positive, within the pixel limit)."""
+    region, size = data.get("region"), data.get("size")
+    if (not isinstance(region, list) or len(region) != 4 or not all(isinstance(v, int) for v in region)
+            or not 0 <= region[0] < region[2] <= source.size[0] or not 0 <= region[1] < region[3] <= source.size[1]):
+        raise WireError(f"{recipe!r} needs a region inside the source image's {source.size}, got {region!r}")
+    if (not isinstance(size, list) or len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size)
+            or size[0] * size[1] > DEFAULT_MAX_PIXELS):
+        raise WireError(f"{recipe!r} needs a positive size [w, h] within the pixel limit, got {size!r}")
+    return tuple(region), tuple(size)
+
+
+_RENDER_LIMITS = {"radius": (0.0, 50.0), "percent": (0, 1000), "threshold": (0, 255), "autocontrast": (0.0, 49.0)}
+
+
+def _render_options(render: Any) -> dict[str, float]:
+    """The ``upscale`` recipe's engine options, each a number in its range.
+
+    >>> _render_options({"radius": 2.0, "percent": 120, "threshold": 2, "autocontrast": 0.5})["percent"]
+    120
+    >>> _render_options({"radius": 1e9})
+    Traceback (most recent call last):
+    ...
+    tool_backends.wire.WireError: 'upscale' needs render options radius, percent, threshold, autocontrast within [(0.0, 50.0), (0, 1000), (0, 255), (0.0, 49.0)], got {'radius': 1000000000.0}
+    """
+    ok = isinstance(render, Mapping) and set(render) == set(_RENDER_LIMITS) and all(
+        isinstance(render[k], (int, float)) and not isinstance(render[k], bool) and lo <= render[k] <= hi
+        for k, (lo, hi) in _RENDER_LIMITS.items())
+    if not ok:
+        raise WireError(f"'upscale' needs render options {', '.join(_RENDER_LIMITS)} within "
+                        f"{list(_RENDER_LIMITS.values())}, got {render!r}")
+    return dict(render)
 
 
 FRAMES = "application/x-medvqa-result"

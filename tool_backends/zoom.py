@@ -6,17 +6,26 @@ from typing import Any, Sequence
 
 from PIL import Image
 
+from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_min_size, resolve_bbox, show_box, unit
 
 
-def crop_and_resize(image: Image.Image, box: tuple[int, int, int, int], target_short_side: int,
-                    max_side: int) -> Image.Image:
-    """The bare operation the tool wraps (the baseline in ``benchmarks/env_overhead.py``)."""
+def zoomed_size(box: tuple[int, int, int, int], target_short_side: int, max_side: int) -> tuple[int, int]:
+    """The enlarged crop's size: short side ``target_short_side``, never past ``max_side``.
+
+    >>> zoomed_size((0, 0, 100, 50), 336, 1024)
+    (672, 336)
+    """
     w, h = box[2] - box[0], box[3] - box[1]
     scale = min(max(1.0, target_short_side / min(w, h)), max_side / max(w, h))
-    size = (w, h) if scale == 1.0 else (max(1, round(w * scale)), max(1, round(h * scale)))
-    return crop_to_size(image, box, size)
+    return (w, h) if scale == 1.0 else (max(1, round(w * scale)), max(1, round(h * scale)))
+
+
+def crop_and_resize(image: Image.Image, box: tuple[int, int, int, int], target_short_side: int,
+                    max_side: int) -> Image.Image:
+    """The bare operation the tool wraps (the baseline in ``benchmarks/bench_env.py``)."""
+    return crop_to_size(image, box, zoomed_size(box, target_short_side, max_side))
 
 
 def crop_to_size(image: Image.Image, box: tuple[int, int, int, int], size: tuple[int, int]) -> Image.Image:
@@ -66,10 +75,12 @@ class ZoomTool(Tool):
         coords = arguments["coordinates"]
         box = resolve_bbox(arguments["bbox"], image.size, coords)
         box = expand_to_min_size(box, image.size, self.min_size)
-        crop = crop_and_resize(image, box, self.target_short_side, self.max_side)
+        size = zoomed_size(box, self.target_short_side, self.max_side)
+        # Drawn when first read: a server that sends the crop as a recipe never draws it.
+        crop = LazyImage(lambda: crop_to_size(image, box, size), size, image.mode)
         return ToolResult(
             text=(f"Zoomed into region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source}; "
-                  f"enlarged to {crop.size[0]}x{crop.size[1]}."),
+                  f"enlarged to {size[0]}x{size[1]}."),
             images=[crop],
-            data={"region": list(box), "image_index": source, "size": list(crop.size), "image_recipe": "crop"},
+            data={"region": list(box), "image_index": source, "size": list(size), "image_recipe": "crop"},
         )

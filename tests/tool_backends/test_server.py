@@ -17,6 +17,7 @@ from medvqa_env.parser import ToolCall
 from tool_backends.base import ToolContext
 from tool_backends.cli import main as cli_main
 from tool_backends.http_client import HTTPToolBackend
+from tool_backends.registry import build_tool
 from tool_backends.server import ServerSettings, check_settings
 from tool_backends.toolbox import Toolbox
 from tool_backends.wire import encode_image
@@ -27,7 +28,7 @@ TOKEN = "s3cret-test-token"
 @pytest.fixture(scope="module")
 def server(start_server, scene, tmp_path_factory):
     shared = tmp_path_factory.mktemp("shared")
-    proc = start_server(["serve", "--tools", "segment,ground,image_zoom_in", "--engine", "segment=oracle",
+    proc = start_server(["serve", "--tools", "segment,ground,image_zoom_in,hires_render", "--engine", "segment=oracle",
                          "--image-root", str(scene.root), "--image-root", str(shared), "--token-env", "TEST_TOOLS_TOKEN",
                          "--max-body-mb", "1", "--max-concurrency", "2"], env={"TEST_TOOLS_TOKEN": TOKEN})
     proc.shared = shared
@@ -53,12 +54,12 @@ def body_for(scene, tool="segment", arguments=None, **extra):
 
 def test_health_is_open_and_tools_need_the_token(server, http):
     health = httpx.get(server.url + "/health").json()
-    assert health["status"] == "ok" and health["tools"] == ["ground", "image_zoom_in", "segment"]
+    assert health["status"] == "ok" and health["tools"] == ["ground", "hires_render", "image_zoom_in", "segment"]
     assert httpx.get(server.url + "/tools").status_code == 401
     wrong = httpx.get(server.url + "/tools", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and TOKEN not in wrong.text
     names = [t["function"]["name"] for t in http.get("/tools").json()["tools"]]
-    assert sorted(names) == ["ground", "image_zoom_in", "segment"]
+    assert sorted(names) == ["ground", "hires_render", "image_zoom_in", "segment"]
 
 
 def test_call_returns_the_tool_result(http, scene):
@@ -329,6 +330,47 @@ def test_a_remote_zoom_travels_as_a_crop_recipe_with_the_same_pixels(server, tok
     assert a.ok and not a.images[0].drawn and a.images[0].size == b.images[0].size == tuple(a.data["size"])
     assert a.images[0].tobytes() == b.images[0].tobytes() and a.text == b.text
     client.close(), plain.close()
+
+
+def test_a_remote_hires_render_travels_as_a_recipe_with_the_same_pixels(server, token_env, scene):
+    """The classical re-render is a pure function of the source and its options: the server sends
+    the recipe (with the engine's options), the client redraws the same pixels as an upload would."""
+    client = HTTPToolBackend(["hires_render"], url=server.url, token_env=token_env)
+    plain = HTTPToolBackend(["hires_render"], url=server.url, token_env=token_env, derived_images=False)
+    args = {"bbox": [5, 7, 40, 61], "scale": 3}
+    a, b = (c.call("hires_render", [scene.image], args, ToolContext()) for c in (client, plain))
+    assert a.ok and a.data["image_recipe"] == "upscale" and a.data["render"]["percent"] == 120
+    assert not a.images[0].drawn and a.images[0].size == b.images[0].size == tuple(a.data["size"])
+    assert a.images[0].tobytes() == b.images[0].tobytes() and a.text == b.text
+    local = build_tool("hires_render")([scene.image], args)
+    assert local.images[0].tobytes() == a.images[0].tobytes()
+    client.close(), plain.close()
+
+
+@pytest.mark.parametrize("tool, args", [("image_zoom_in", {"bbox": [5, 7, 40, 61]}),
+                                        ("hires_render", {"bbox": [5, 7, 40, 61]}),
+                                        ("ground", {"text": "bright lesion"})])
+def test_a_server_never_draws_an_image_it_sends_as_a_recipe(scene, tool, args):
+    """The tool's image is lazy: encoding the result as a recipe leaves it undrawn, so the server
+    spends no time on pixels the client will draw itself (or never read)."""
+    from tool_backends.wire import result_to_wire
+
+    result = build_tool(tool)([scene.image], args)
+    assert result.ok and result.images and not result.images[0].drawn, result.text
+    wire = result_to_wire(result, "raw", derived_ok=True, parts=[])
+    assert wire["images"] == [{"derived": result.data["image_recipe"]}] and not result.images[0].drawn
+    result_to_wire(result, "raw", derived_ok=False, parts=[])  # a client that wants pixels gets them drawn
+    assert result.images[0].drawn
+
+
+@pytest.mark.parametrize("render", [None, {"radius": 2.0}, {"radius": 2.0, "percent": 120, "threshold": 2,
+                                                               "autocontrast": float("inf")}])
+def test_an_upscale_recipe_with_bad_options_is_refused(scene, render):
+    from tool_backends.wire import WireError, result_from_wire
+
+    data = {"image_index": 0, "region": [0, 0, 5, 5], "size": [10, 10], "render": render}
+    with pytest.raises(WireError, match="render options"):
+        result_from_wire({"text": "ok", "data": data, "images": [{"derived": "upscale"}]}, images_sent=[scene.image])
 
 
 @pytest.mark.parametrize("data, match", [({"region": [0, 0, 10**6, 5], "size": [4, 4]}, "inside the source"),

@@ -174,6 +174,12 @@ class LanczosSharpen:
         self.threshold = int(threshold)
         self.autocontrast = float(autocontrast)
 
+    def recipe(self) -> dict[str, float]:
+        """The options that fix its output: with them, a client holding the source image redraws
+        exactly the same pixels (the ``upscale`` recipe of :mod:`tool_backends.wire`)."""
+        return {"radius": self.radius, "percent": self.percent, "threshold": self.threshold,
+                "autocontrast": self.autocontrast}
+
     def upscale(self, image: Image.Image, size: tuple[int, int]) -> Image.Image:
         out = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
         out = out.filter(ImageFilter.UnsharpMask(radius=self.radius, percent=self.percent, threshold=self.threshold))

@@ -14,7 +14,9 @@ configurations run the same trainer code (``train.rollout.collect_rollouts``,
 * **now** -- ``--threads`` torch threads (both cores), generation in one batch, the behaviour
   log-probs taken from the training forward (one epoch: the same numbers), each GRPO group's prompt
   run once for the policy and the reference (:func:`train.batching.response_logprobs`) and
-  prefilled once for generation (``HFGenerator(share_prompts=True)``).
+  prefilled once for generation (``HFGenerator(share_prompts=True)``), logits only at the trained
+  tokens (not at the tool's observation or padding; the baseline computes them at every response
+  position, ``all_logits=True``).
 
 "now" runs with the env copies in this process (``local``: a thread pool) and in Ray actors.
 """
@@ -116,7 +118,7 @@ def run_configs(names, args: Args, model, encoder, reference, steps: int, thread
                 adv = compute_advantages(algo.advantage, AdvantageInput(batch.rewards, batch.group_index), algo.config)
                 t1 = time.perf_counter()
                 update_policy(model, reference, encoder, opt, batch, adv, None, algo, args,
-                              share_prompts=fast, reuse_onpolicy_logp=fast)
+                              share_prompts=fast, reuse_onpolicy_logp=fast, all_logits=not fast)
                 update = time.perf_counter() - t1
                 if step == 0:
                     continue
@@ -165,9 +167,9 @@ def main(argv=None) -> str:
              f"{args.max_new_tokens} tokens; GRPO update with k3 KL against a frozen reference, micro-batch "
              f"{args.micro_batch}; mean of {steps} step(s) after one warm-up, configurations alternating step by step. "
              f"*baseline*: 1 torch thread, generation in 2 micro-batches (each rollout prefilling its own prompt), behaviour log-probs by a separate forward, "
-             f"every rollout runs its own prompt. *now*: {ns.threads} torch thread(s), one generation batch (each group's prompt prefilled once), behaviour "
-             f"log-probs from the training forward, each group's prompt run once. Tool calls and rewards run inside "
-             f"the env step (in the actors for Ray).", "",
+             f"every rollout runs its own prompt, logits at every response position. *now*: {ns.threads} torch thread(s), one generation batch (each group's prompt prefilled once), behaviour "
+             f"log-probs from the training forward, each group's prompt run once, logits only at the trained tokens (not at the tool's "
+             f"observation or padding). Tool calls and rewards run inside the env step (in the actors for Ray).", "",
              "| phase (s per step) | " + " | ".join(labels[c] for c in names) + " |",
              "|---|" + "---:|" * len(names)]
     phases = [("generation", "generation_s"), ("tool calls made", "tool_calls"), ("tool calls (sum of latencies)", "tool_s"),

@@ -71,10 +71,16 @@ def pad_batch(seqs: Sequence[Sequence_], pad_id: int) -> TokenBatch:
 
 
 def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperature: float = 1.0,
-                      share_prompts: bool = True) -> torch.Tensor:
+                      share_prompts: bool = True, all_logits: bool = False) -> torch.Tensor:
     """``[B, R]`` log-probabilities of the response tokens under ``model`` (float32), from
     ``log_softmax(logits / temperature)``: the distribution the rollouts were sampled from (as verl
     divides the logits by the rollout temperature). SFT uses the default 1.
+
+    Only the trained tokens (``response_mask`` 1) get logits: a tool's observation inside the
+    response is context, so its positions skip the output projection and the softmax over the
+    vocabulary (for a small model, a fifth of the forward's arithmetic per token). Their entries,
+    like padding's, are 0; callers multiply by ``response_mask``. ``all_logits`` computes every
+    response position's logits instead (the same values at the trained tokens; for comparison).
 
     With ``share_prompts`` (text models), rows with the same prompt -- a GRPO group's rollouts --
     run the prompt once: its key/value cache is computed per distinct prompt and repeated for the
@@ -93,15 +99,43 @@ def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperatur
     else:
         pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
         kwargs["position_ids"] = pos.to(device)
+    targets = batch.response_ids.to(device)
+    head = None if all_logits else output_head(model)
+    if head is None:  # a model whose logits are more than its output projection: compute them all
+        if shared is not None:
+            logits = _shared_prompt_forward(model, kwargs, batch.prompt_width, rw, *shared, hidden=False).float()
+        else:
+            logits = model(**kwargs, logits_to_keep=rw + 1, use_cache=False).logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if shared is not None:
-        logits = _shared_prompt_logits(model, kwargs, batch.prompt_width, rw, *shared).float()
+        hidden = _shared_prompt_forward(model, kwargs, batch.prompt_width, rw, *shared, hidden=True)
     else:
-        logits = model(**kwargs, logits_to_keep=rw + 1, use_cache=False).logits[:, :-1].float()
+        out = model(**kwargs, logits_to_keep=1, use_cache=False, output_hidden_states=True)
+        hidden = out.hidden_states[-1][:, -(rw + 1):-1]
+    trained = batch.response_mask.to(device) > 0
+    logits = head(hidden[trained]).float()  # [trained tokens, vocabulary]
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch.response_ids.to(device)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return logp  # padding positions hold junk; callers multiply by response_mask
+    picked = logits.gather(-1, targets[trained].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.zeros(trained.shape, dtype=picked.dtype, device=device).masked_scatter(trained, picked)
+
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+"""Config fields of model families whose logits are more than ``lm_head(hidden)`` (Gemma 2's soft
+cap, Cohere's and Granite's scales): for them :func:`response_logprobs` takes the model's logits."""
+
+
+def output_head(model):
+    """The output projection that maps the final hidden state to the logits, or ``None`` when the
+    model transforms the logits further (:data:`LOGIT_TRANSFORMS`) or has no such module."""
+    config = getattr(model, "config", None)
+    for cfg in (config, getattr(config, "text_config", None)):
+        if cfg is not None and any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in LOGIT_TRANSFORMS):
+            return None
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if get is not None else None
 
 
 def prompt_groups(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -123,22 +157,28 @@ def prompt_groups(batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor] | None
     return first, inverse
 
 
-def _shared_prompt_logits(model, kwargs: dict, pw: int, rw: int, first: torch.Tensor, inverse: torch.Tensor):
-    """Logits at the ``rw`` positions that predict the response tokens, running each distinct prompt
-    once (see :func:`response_logprobs`)."""
+def _shared_prompt_forward(model, kwargs: dict, pw: int, rw: int, first: torch.Tensor, inverse: torch.Tensor,
+                           hidden: bool):
+    """The final hidden states (``hidden``) or the logits at the ``rw`` positions that predict the
+    response tokens, running each distinct prompt once (see :func:`response_logprobs`)."""
     device = kwargs["input_ids"].device
     first, inverse = first.to(device), inverse.to(device)
     ids, attn, pos = kwargs["input_ids"], kwargs["attention_mask"], kwargs["position_ids"]
+
+    def last(out):
+        return out.hidden_states[-1] if hidden else out.logits
+
     prompt = model(input_ids=ids[first, :pw], attention_mask=attn[first, :pw], position_ids=pos[first, :pw],
-                   use_cache=True, logits_to_keep=1)
-    head = prompt.logits[:, -1:][inverse]  # the last prompt position predicts response token 0
+                   use_cache=True, logits_to_keep=1, output_hidden_states=hidden)
+    head = last(prompt)[:, -1:][inverse]  # the last prompt position predicts response token 0
     if rw == 1:
         return head
     cache = prompt.past_key_values
     cache.reorder_cache(inverse)  # one copy of the prompt's keys/values per row (index_select: differentiable)
     rest = model(input_ids=ids[:, pw:pw + rw - 1], attention_mask=attn[:, :pw + rw - 1],
-                 position_ids=pos[:, pw:pw + rw - 1], past_key_values=cache, use_cache=True).logits
-    return torch.cat([head, rest], dim=1)
+                 position_ids=pos[:, pw:pw + rw - 1], past_key_values=cache, use_cache=True,
+                 logits_to_keep=1 if hidden else 0, output_hidden_states=hidden)
+    return torch.cat([head, last(rest)], dim=1)
 
 
 def micro_batches(n: int, size: int) -> list[slice]:

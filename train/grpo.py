@@ -159,7 +159,7 @@ def dispatch_verl(args: Args):
 # One update
 # ==============================================================================================
 def update_policy(model, reference, encoder, optimizer, batch, advantages, keep, algo, args, correct=None, *,
-                  share_prompts=True, reuse_onpolicy_logp=True):
+                  share_prompts=True, reuse_onpolicy_logp=True, all_logits=False):
     """``args.update_epochs`` gradient steps on the kept rollouts (``keep=None``: all); returns the
     metrics averaged over the epochs.
 
@@ -168,7 +168,8 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
     (ratio 1), later ones see the ratio move and the clipping act. With one epoch
     (``reuse_onpolicy_logp``) the behaviour log-probs are the training forward's own, detached:
     the same numbers without a second forward. ``share_prompts``: a group's prompt runs once
-    (:func:`train.batching.response_logprobs`)."""
+    (:func:`train.batching.response_logprobs`). ``all_logits``: logits at every response position,
+    not only at the trained tokens (the same loss; slower)."""
     idx = list(range(len(advantages))) if keep is None else [i for i, k in enumerate(keep.tolist()) if k]
     if not idx:
         return {"losses/skipped": 1.0}
@@ -187,16 +188,16 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
     # ---- behaviour and reference log-probs: once per rollout batch, before any update
     reuse = reuse_onpolicy_logp and args.update_epochs == 1
     with torch.no_grad():
-        old_logps = [None if reuse else response_logprobs(model, mb, encoder, temperature, share_prompts)
+        old_logps = [None if reuse else response_logprobs(model, mb, encoder, temperature, share_prompts, all_logits)
                      for mb in padded]
-        refs = [_reference_logprobs(model, reference, mb, encoder, temperature, share_prompts) if algo.config.kl_coef
-                else None for mb in padded]
+        refs = [_reference_logprobs(model, reference, mb, encoder, temperature, share_prompts, all_logits)
+                if algo.config.kl_coef else None for mb in padded]
     total_tokens = sum(sum(s.response_mask) for s in seqs)
     token_mean = algo.config.loss_agg == "token-mean"
     metrics: dict[str, float] = {}
     for _ in range(args.update_epochs):
         for sl, mb, old, ref in zip(slices, padded, old_logps, refs):
-            logp = response_logprobs(model, mb, encoder, temperature, share_prompts)
+            logp = response_logprobs(model, mb, encoder, temperature, share_prompts, all_logits)
             old = logp.detach() if old is None else old
             extra = {}
             if sft_seqs is not None:
@@ -241,12 +242,12 @@ def shaped_rewards(batch, algo, args) -> torch.Tensor:
     return rewards
 
 
-def _reference_logprobs(model, reference, mb, encoder, temperature=1.0, share_prompts=True):
+def _reference_logprobs(model, reference, mb, encoder, temperature=1.0, share_prompts=True, all_logits=False):
     if reference is not None:
-        return response_logprobs(reference, mb, encoder, temperature, share_prompts)
+        return response_logprobs(reference, mb, encoder, temperature, share_prompts, all_logits)
     if hasattr(model, "disable_adapter"):  # LoRA: the base model is the reference
         with model.disable_adapter():
-            return response_logprobs(model, mb, encoder, temperature, share_prompts)
+            return response_logprobs(model, mb, encoder, temperature, share_prompts, all_logits)
     return None
 
 

@@ -48,3 +48,48 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(tiny_llama, tempera
         out[share] = (logp.detach() * batch.response_mask, grads)
     assert torch.allclose(out[True][0], out[False][0], atol=1e-5)
     assert torch.allclose(out[True][1], out[False][1], atol=1e-5, rtol=1e-4)
+
+
+def _full_logits_logprobs(model, batch, temperature):
+    """The definition: every response position's logits, ``log_softmax``, the target's entry."""
+    pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits
+    rw = batch.response_ids.shape[1]
+    logits = logits[:, -(rw + 1):-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_logits_only_at_trained_tokens_match_the_full_logits_and_their_gradients(tiny_llama, share):
+    """Context tokens inside the response (mask 0: a tool's observation) get no logits; the trained
+    tokens' log-probs and the gradients equal those from every position's logits."""
+    batch = _batch()
+    enc = types.SimpleNamespace(image_pad_id=lambda: None)
+    got, want = {}, {}
+    for name, fn in (("got", lambda: response_logprobs(tiny_llama, batch, enc, 0.7, share_prompts=share)),
+                     ("want", lambda: _full_logits_logprobs(tiny_llama, batch, 0.7))):
+        tiny_llama.zero_grad()
+        logp = fn()
+        (logp * batch.response_mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in tiny_llama.parameters() if p.grad is not None])
+        (got if name == "got" else want).update(logp=logp.detach(), grads=grads)
+    trained = batch.response_mask > 0
+    assert (~trained).any()  # the batch has a context token inside a response (row 2) and padding
+    assert torch.allclose(got["logp"][trained], want["logp"][trained], atol=1e-5)
+    assert torch.all(got["logp"][~trained] == 0)
+    assert torch.allclose(got["grads"], want["grads"], atol=1e-5, rtol=1e-4)
+
+
+def test_a_model_that_transforms_its_logits_keeps_the_full_logits(tiny_llama, monkeypatch):
+    """A soft-capped (Gemma 2) or scaled head is more than ``lm_head``: its logits are used as they are."""
+    from train.batching import output_head
+
+    assert output_head(tiny_llama) is tiny_llama.lm_head
+    monkeypatch.setattr(tiny_llama.config, "final_logit_softcapping", 30.0, raising=False)
+    assert output_head(tiny_llama) is None
+    batch = _batch()
+    enc = types.SimpleNamespace(image_pad_id=lambda: None)
+    with torch.no_grad():
+        got = response_logprobs(tiny_llama, batch, enc, 1.0, share_prompts=False)
+        want = _full_logits_logprobs(tiny_llama, batch, 1.0)
+    assert torch.allclose(got, want, atol=1e-5)  # every position, as the model computes its logits

@@ -16,7 +16,8 @@ configurations run the same trainer code (``train.rollout.collect_rollouts``,
   run once for the policy and the reference (:func:`train.batching.response_logprobs`) and
   prefilled once for generation (``HFGenerator(share_prompts=True)``), logits only at the trained
   tokens (not at the tool's observation or padding; the baseline computes them at every response
-  position, ``all_logits=True``).
+  position, ``all_logits=True``), AdamW fused (:func:`train.common.make_optimizer`; the baseline
+  runs torch's default, unfused AdamW).
 
 "now" runs with the env copies in this process (``local``: a thread pool) and in Ray actors.
 """
@@ -41,7 +42,7 @@ from medvqa_env.pool import EnvPool  # noqa: E402
 from rewards import default_reward  # noqa: E402
 from rewards.base import RewardInput  # noqa: E402
 from train.algorithms import AdvantageInput, compute_advantages, get_algorithm  # noqa: E402
-from train.common import SHORT_SYSTEM_PROMPT, build_policy, env_kwargs, select_indices  # noqa: E402
+from train.common import SHORT_SYSTEM_PROMPT, build_policy, env_kwargs, make_optimizer, select_indices  # noqa: E402
 from train.grpo import Args, update_policy  # noqa: E402
 from train.rollout import HFGenerator, collect_rollouts, group_requests  # noqa: E402
 
@@ -97,7 +98,8 @@ def run_configs(names, args: Args, model, encoder, reference, steps: int, thread
     dataset = load_dataset(args.dataset, split=args.split)
     idx = select_indices(args.dataset, args.split, args.answer_types)
     algo = get_algorithm(args.algo)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    opts = {c: make_optimizer(model, 1e-6) if CONFIGS[c][3] else  # fused AdamW where torch has the kernel
+            torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6) for c in names}
     gen = ScriptedToolTurn(HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens,
                                        temperature=args.temperature))
     keys = ("generation_s", "env_wait_s", "tool_s", "tool_calls", "reward_s", "rollout_s", "update_s", "tokens",
@@ -117,7 +119,7 @@ def run_configs(names, args: Args, model, encoder, reference, steps: int, thread
                 rollout = time.perf_counter() - t0
                 adv = compute_advantages(algo.advantage, AdvantageInput(batch.rewards, batch.group_index), algo.config)
                 t1 = time.perf_counter()
-                update_policy(model, reference, encoder, opt, batch, adv, None, algo, args,
+                update_policy(model, reference, encoder, opts[c], batch, adv, None, algo, args,
                               share_prompts=fast, reuse_onpolicy_logp=fast, all_logits=not fast)
                 update = time.perf_counter() - t1
                 if step == 0:
@@ -167,9 +169,9 @@ def main(argv=None) -> str:
              f"{args.max_new_tokens} tokens; GRPO update with k3 KL against a frozen reference, micro-batch "
              f"{args.micro_batch}; mean of {steps} step(s) after one warm-up, configurations alternating step by step. "
              f"*baseline*: 1 torch thread, generation in 2 micro-batches (each rollout prefilling its own prompt), behaviour log-probs by a separate forward, "
-             f"every rollout runs its own prompt, logits at every response position. *now*: {ns.threads} torch thread(s), one generation batch (each group's prompt prefilled once), behaviour "
+             f"every rollout runs its own prompt, logits at every response position, torch's default AdamW. *now*: {ns.threads} torch thread(s), one generation batch (each group's prompt prefilled once), behaviour "
              f"log-probs from the training forward, each group's prompt run once, logits only at the trained tokens (not at the tool's "
-             f"observation or padding). Tool calls and rewards run inside the env step (in the actors for Ray).", "",
+             f"observation or padding), fused AdamW. Tool calls and rewards run inside the env step (in the actors for Ray).", "",
              "| phase (s per step) | " + " | ".join(labels[c] for c in names) + " |",
              "|---|" + "---:|" * len(names)]
     phases = [("generation", "generation_s"), ("tool calls made", "tool_calls"), ("tool calls (sum of latencies)", "tool_s"),

@@ -29,7 +29,7 @@ from train.batching import from_trajectory, gold_answer_sequence, micro_batches,
 from medvqa_env.cli import run_cli
 from medvqa_env.errors import ConfigError
 from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, parse_args,
+from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, make_optimizer, parse_args,
                           run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, reward_thresholds, rollout_metrics
@@ -296,8 +296,7 @@ def main(args: Args) -> dict[str, float] | int:
                                                    args.lora_rank, args.seed, need_reference=bool(algo.config.kl_coef),
                                                    device=args.device, dtype=args.dtype)
     trainable, total = count_trainable(model)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                                  weight_decay=args.weight_decay)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay)
     generator = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
                            project=args.wandb_project)

@@ -31,8 +31,8 @@ from train.batching import from_trajectory, micro_batches, pad_batch, response_l
 from medvqa_env.cli import run_cli
 from medvqa_env.config import parse_options
 from medvqa_env.errors import ConfigError
-from train.common import (build_policy, count_trainable, evaluate_heldout, parse_args, run_env_kwargs, save_policy,
-                          select_indices, system_prompt_of, write_run_record)
+from train.common import (build_policy, count_trainable, evaluate_heldout, make_optimizer, parse_args, run_env_kwargs,
+                          save_policy, select_indices, system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger
 from train.rollout import ScriptedGenerator, collect_rollouts
@@ -158,7 +158,7 @@ def main(args: Args) -> dict[str, float]:
     # ---- policy ---------------------------------------------------------------------------
     model, encoder, kind, _ = build_policy(args.policy, system_prompt_of(args), args.train_layers, args.lora_rank,
                                            args.seed, need_reference=False, device=args.device, dtype=args.dtype)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr)
+    optimizer = make_optimizer(model, args.lr)
     script = ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, args.tool_share,
                                                       args.seed))
     logger = MetricsLogger(out, tensorboard=args.tensorboard, hparams=record)

@@ -4,7 +4,9 @@ The agent (``eval.scripted.ScriptedAgent``) zooms once and answers, costing noth
 are the harness's own: image loading, the env, the zoom tool, the rule reward, scoring, JSONL
 appends with fsync. Baseline: every env in the main process (``--workers 0``); then 1 and 2 env
 worker processes; then the same with the agent sleeping 50 ms per ``act_batch`` call (a stand-in
-for a batched model), where worker processes step envs while the agent "thinks".
+for a batched model). "overlap" rows run ``EvalConfig(overlap=True)``: two waves of episodes, the
+envs of one stepped while the agent "thinks" about the other (each ``act_batch`` still gets up to
+the batch of 32), so the env work should hide behind the agent's time.
 "CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds. Every row runs
 ``--reps`` times (rows of a group alternate order), and ratios are reported as min / median.
 Open-answer metrics are off except in the last group, the default evaluation setup, where each
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,8 +55,7 @@ class _TimedPool:
         return pool
 
 
-def measure(dataset, workers: int, k: int, batch_size: int, delay_s: float = 0.0, gather: str = "all",
-            open_metrics: bool = False) -> dict[str, float]:
+def measure(dataset, setup: Setup, k: int, batch_size: int) -> dict[str, float]:
     """One full run into a fresh folder; wall time includes starting the workers (also timed alone)."""
     import eval.runner as runner_module
 
@@ -61,9 +63,9 @@ def measure(dataset, workers: int, k: int, batch_size: int, delay_s: float = 0.0
     runner_module.EnvPool = _TimedPool
     try:
         with tempfile.TemporaryDirectory() as out:
-            cfg = EvalConfig(k=k, workers=workers, batch_size=batch_size, progress=False, open_metrics=open_metrics,
-                             gather=gather)
-            agent = ScriptedAgent(delay_s=delay_s)
+            cfg = EvalConfig(k=k, workers=setup.workers, batch_size=batch_size, progress=False,
+                             open_metrics=setup.open_metrics, gather=setup.gather, overlap=setup.overlap)
+            agent = ScriptedAgent(delay_s=setup.delay_s)
             t0 = time.perf_counter()
             rows = Runner(agent, dataset, cfg, out).run()
             wall = time.perf_counter() - t0
@@ -82,15 +84,34 @@ def measure(dataset, workers: int, k: int, batch_size: int, delay_s: float = 0.0
             "mean_batch": sum(batches) / len(batches), "errors": sum(1 for r in rows if r["error"])}
 
 
-GROUPS = {  # key -> [(row key, label, workers, agent delay, gather, open metrics)]; the first row is the baseline
-    "zero_cost": [("serial", "serial: envs in the main process (baseline)", 0, 0.0, "all", False),
-                  ("workers_1", "1 env worker process", 1, 0.0, "all", False),
-                  ("workers_2", "2 env worker processes", 2, 0.0, "all", False),
-                  ("workers_2_any", "2 env worker processes, gather=any", 2, 0.0, "any", False)],
-    "model_stand_in": [("serial", "serial, agent sleeping 50 ms per act_batch (a model stand-in)", 0, 0.05, "all", False),
-                       ("workers_2", "2 env worker processes, agent sleeping 50 ms per act_batch", 2, 0.05, "all", False)],
-    "open_metrics": [("serial", "serial, open-answer metrics on (MiniLM BERTScore + CosSim)", 0, 0.0, "all", True),
-                     ("workers_2", "2 env worker processes, open-answer metrics on", 2, 0.0, "all", True)],
+class Setup(NamedTuple):
+    """One row of the table: how the harness runs and what the agent costs."""
+
+    key: str
+    label: str
+    workers: int
+    delay_s: float = 0.0
+    gather: str = "all"
+    open_metrics: bool = False
+    overlap: bool = False
+
+
+STAND_IN = "agent sleeping 50 ms per act_batch"
+GROUPS = {  # the first row of a group is its baseline
+    "zero_cost": [Setup("serial", "serial: envs in the main process (baseline)", 0),
+                  Setup("workers_1", "1 env worker process", 1),
+                  Setup("workers_2", "2 env worker processes", 2),
+                  Setup("workers_2_any", "2 env worker processes, gather=any", 2, gather="any"),
+                  Setup("workers_2_overlap", "2 env worker processes, overlap", 2, overlap=True)],
+    "model_stand_in": [Setup("serial", f"serial, {STAND_IN} (a model stand-in)", 0, 0.05),
+                       Setup("workers_2", f"2 env worker processes, {STAND_IN}", 2, 0.05),
+                       Setup("workers_2_overlap", f"2 env worker processes, overlap, {STAND_IN}", 2, 0.05,
+                             overlap=True),
+                       Setup("serial_overlap", f"envs in a thread of the main process, overlap, {STAND_IN}", 0, 0.05,
+                             overlap=True)],
+    "open_metrics": [Setup("serial", "serial, open-answer metrics on (MiniLM BERTScore + CosSim)", 0,
+                           open_metrics=True),
+                     Setup("workers_2", "2 env worker processes, open-answer metrics on", 2, open_metrics=True)],
 }
 
 
@@ -113,8 +134,8 @@ def main(argv: list[str] | None = None) -> str:
     runs: dict[tuple[str, str], list[dict]] = {}
     for rep in range(reps):  # rows of a group alternate order between repetitions
         for g, rows in groups.items():
-            for key, _, w, delay, gather, om in (rows if rep % 2 == 0 else rows[::-1]):
-                runs.setdefault((g, key), []).append(measure(dataset, w, k, batch, delay, gather, om))
+            for setup in (rows if rep % 2 == 0 else rows[::-1]):
+                runs.setdefault((g, setup.key), []).append(measure(dataset, setup, k, batch))
     load = os.getloadavg()[0]
     med = statistics.median
     figures: dict[str, float] = {"episodes": len(dataset) * k, "reps": reps}
@@ -123,7 +144,8 @@ def main(argv: list[str] | None = None) -> str:
         "## Evaluation harness throughput (scripted agent)",
         "",
         f"`{cmd}` — {len(dataset)} {dataset.name} questions × K={k} = {len(dataset) * k} episodes per run, batch of "
-        f"{batch} live episodes, zoom then answer, rule reward, fsync per loop iteration. {reps} repetitions of "
+        f"{batch} live episodes (overlap rows: two waves of {batch}), zoom then answer, rule reward, fsync per loop "
+        f"iteration. {reps} repetitions of "
         "every row, rows of a group alternating order; ratios are per repetition against that repetition's "
         "serial run, reported as min / median. *Total* includes starting the worker processes (each imports the "
         "env stack; also shown alone); *steady* leaves that out. "
@@ -136,7 +158,7 @@ def main(argv: list[str] | None = None) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g, rows in groups.items():
-        base = runs[(g, rows[0][0])]
+        base = runs[(g, rows[0].key)]
         for key, label, *_ in rows:
             rs = runs[(g, key)]
             ratio = [r["eps"] / b["eps"] for r, b in zip(rs, base)]

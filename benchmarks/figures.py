@@ -9,6 +9,13 @@ spec), so the number on the page is always generated::
 
     remote segment costs <!-- fig tools.segment.overhead_ms +.1f -->+5.3<!-- /fig --> ms over in-process
 
+A whole generated block (a table a benchmark printed, kept as a text figure) sits between block
+markers on lines of their own; its lines are replaced by the figure::
+
+    <!-- fig-block vqarad_baselines.table.selection -->
+    | Run | ... |
+    <!-- /fig-block -->
+
 ``python benchmarks/figures.py`` rewrites the text between markers in README.md, RELIABILITY.md,
 docs/*.md and benchmarks/README.md from the results; ``--check`` only reports differences (and
 ``tests/test_doc_figures.py`` fails on any).
@@ -18,6 +25,8 @@ docs/*.md and benchmarks/README.md from the results; ``--check`` only reports di
 'x <!-- fig t.rate .1f -->409.7<!-- /fig --> per s, <!-- fig t.n ,d -->10,318<!-- /fig --> calls'
 >>> rewrite("<!-- fig t.gone -->1<!-- /fig -->", {})[1]
 ["unknown figure 't.gone' (no such name in benchmarks/results/t.json)"]
+>>> rewrite("a\\n<!-- fig-block t.table -->\\nold\\n<!-- /fig-block -->\\nb", {"t.table": "| x |\\n|---|"})[0]
+'a\\n<!-- fig-block t.table -->\\n| x |\\n|---|\\n<!-- /fig-block -->\\nb'
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from typing import Any, Iterable, Mapping
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"<!-- fig (?P<key>[A-Za-z0-9_.\-]+)(?: (?P<fmt>[^ ]*?))? -->(?P<text>.*?)<!-- /fig -->")
+BLOCK = re.compile(r"<!-- fig-block (?P<key>[A-Za-z0-9_.\-]+) -->\n(?P<text>.*?)<!-- /fig-block -->", re.S)
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
@@ -161,7 +171,21 @@ def rewrite(text: str, figures: Mapping[str, Any]) -> tuple[str, list[str]]:
         head = m.group(0)[: m.start("text") - m.start()]
         return f"{head}{shown}<!-- /fig -->"
 
-    return MARKER.sub(fill, text), problems
+    def fill_block(m: re.Match) -> str:
+        key = m.group("key")
+        if key not in figures:
+            topic = key.split(".", 1)[0]
+            problems.append(f"unknown figure {key!r} (no such name in benchmarks/results/{topic}.json)")
+            return m.group(0)
+        body = format_figure(figures[key], None).strip("\n")
+        return f"<!-- fig-block {key} -->\n{body}\n<!-- /fig-block -->"
+
+    return MARKER.sub(fill, BLOCK.sub(fill_block, text)), problems
+
+
+def markers(text: str) -> list[re.Match]:
+    """Every block and inline marker of ``text``, in the order they appear."""
+    return sorted([*BLOCK.finditer(text), *MARKER.finditer(text)], key=lambda m: m.start())
 
 
 def stale(files: Iterable[Path] | None = None, results_dir: Path = RESULTS) -> list[str]:
@@ -173,11 +197,15 @@ def stale(files: Iterable[Path] | None = None, results_dir: Path = RESULTS) -> l
         new, problems = rewrite(text, figures)
         rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         out += [f"{rel}: {p}" for p in problems]
-        for old_m, new_m in zip(MARKER.finditer(text), MARKER.finditer(new)):
+        for old_m, new_m in zip(markers(text), markers(new)):
             if old_m.group("text") != new_m.group("text"):
                 line = text.count("\n", 0, old_m.start()) + 1
-                out.append(f"{rel}:{line}: {old_m.group('key')} is {old_m.group('text')!r} in the doc, "
-                           f"{new_m.group('text')!r} in the results")
+                was, now = old_m.group("text"), new_m.group("text")
+                if old_m.re is BLOCK:  # a table: name its first differing line, not the whole block
+                    diff = [(a, b) for a, b in zip(was.splitlines(), now.splitlines()) if a != b]
+                    counts = (f"{len(was.splitlines())} lines", f"{len(now.splitlines())} lines")
+                    was, now = diff[0] if diff else counts
+                out.append(f"{rel}:{line}: {old_m.group('key')} is {was!r} in the doc, {now!r} in the results")
     return out
 
 

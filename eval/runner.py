@@ -3,10 +3,12 @@
 ``evaluate(agent, dataset, config, out_dir)`` keeps ``config.batch_size`` episodes live. Env work
 (reset, image loading, tools, per-episode scores and open-answer metrics) runs in the workers of a
 :class:`medvqa_env.pool.EnvPool` (the env reward is scored by the pool, in batches); the agent runs
-here and gets every conversation that is waiting in one ``act_batch``
-call. Each finished episode is appended to ``episodes.jsonl`` at once (see :mod:`eval.results`);
-a rerun skips what is there. Episode ``(record, sample)`` always gets the same seed, so K samples
-per question differ while a rerun repeats them exactly.
+here and gets every conversation that is waiting in one ``act_batch`` call. With ``overlap``, two
+such waves of episodes are live and take turns: the workers step one while the agent acts on the
+other, so a model's time hides the env work. Each finished episode is appended to
+``episodes.jsonl`` at once (see :mod:`eval.results`); a rerun skips what is there. Episode
+``(record, sample)`` always gets the same seed, so K samples per question differ while a rerun
+repeats them exactly.
 
 Failures are data, per episode: a missing image (``dataset_error``), an agent that raises
 (``agent_error``; a failing batch is retried one conversation at a time to find the culprit), a
@@ -89,6 +91,13 @@ class EvalConfig:
     every waiting conversation (best for batched models, whose cost is per call); ``any``: call
     the agent as soon as one worker answers, overlapping its work with the other workers' steps
     (best for agents whose cost is per conversation, e.g. a concurrent API client)."""
+    overlap: bool = False
+    """Keep two waves of up to ``batch_size`` episodes live and call the agent on one wave while
+    the env workers step the other, so env work hides behind the agent's time instead of adding
+    to it (for agents that take real time: a model). Each ``act_batch`` still gets at most
+    ``batch_size`` conversations; twice as many envs are live. Needs ``gather="all"``. With
+    ``workers=0`` the envs step in a thread of this process, which overlaps too while the agent
+    waits outside the GIL (a GPU, a server)."""
     judge_workers: int = 8
     """Concurrent requests to the LLM judge."""
     fsync: bool = True
@@ -114,6 +123,7 @@ class _Episode:
     sample: int
     seed: int
     record: VQARecord
+    wave: int = 0
     worker: int = -1
     slot: int = -1
     conversation: Conversation | None = None
@@ -122,6 +132,18 @@ class _Episode:
     started: float = field(default_factory=time.perf_counter)
     agent_s: float = 0.0
     env_s: float = 0.0
+
+
+@dataclass
+class _Batch:
+    """One command list for one worker, all from one wave (what a worker has in flight).
+
+    A wave's commands travel apart from the other wave's, so its answers come back while the
+    other wave's commands are still being stepped."""
+
+    wave: int
+    commands: list[tuple] = field(default_factory=list)
+    episodes: list[_Episode] = field(default_factory=list)
 
 
 class _Progress:
@@ -186,6 +208,8 @@ class Runner:
             raise ValueError(f"expected k >= 1, got {config.k!r}")
         if config.gather not in ("all", "any"):
             raise ValueError(f"expected gather 'all' or 'any', got {config.gather!r}")
+        if config.overlap and config.gather != "all":
+            raise ValueError("overlap calls the agent on one whole wave at a time; use it with gather='all'")
         if config.batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
@@ -250,17 +274,20 @@ class Runner:
                 writer.close()
             return []
         n_workers = max(1, cfg.workers)
-        slots = max(1, -(-min(cfg.batch_size, total) // n_workers))
+        n_waves = 2 if cfg.overlap else 1
+        per_wave = -(-min(cfg.batch_size * n_waves, total) // n_waves)
+        slots_per_wave = max(1, -(-per_wave // n_workers))  # per worker; wave v owns local slots v*S..(v+1)*S-1
         spec = PoolSpec({"dataset": self.dataset, "tools": cfg.tools, "max_turns": cfg.max_turns,
                          "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style},
                         episode_hook="eval.scoring:EpisodeScorer",
                         hook_options={"open_metrics": cfg.open_metrics, "metrics_options": cfg.metrics_options})
-        pool = EnvPool(spec, size=n_workers * slots, backend="process" if cfg.workers else "thread",
+        pool = EnvPool(spec, size=n_workers * n_waves * slots_per_wave, backend="process" if cfg.workers else "thread",
                        workers=n_workers, reward=eval_reward(cfg.reward)) if total else None
-        free = [list(range(slots)) for _ in range(n_workers)]
-        queued: list[list[tuple]] = [[] for _ in range(n_workers)]
-        inflight: list[list[_Episode]] = [[] for _ in range(n_workers)]
-        queued_eps: list[list[_Episode]] = [[] for _ in range(n_workers)]
+        free = [[list(range(v * slots_per_wave, (v + 1) * slots_per_wave)) for _ in range(n_workers)]
+                for v in range(n_waves)]  # free[wave][worker]: local slots with no live episode
+        queued: list[list[_Batch]] = [[] for _ in range(n_workers)]  # per worker, sent in order
+        inflight: list[_Batch | None] = [None] * n_workers
+        ready: list[list[_Episode]] = [[] for _ in range(n_waves)]  # per wave, waiting for the agent
         judge_pool = ThreadPoolExecutor(max(1, cfg.judge_workers)) if self.judge else None
         judging: list[tuple[dict[str, Any], Future]] = []
         progress = _Progress(total, cfg.progress, desc=getattr(self.agent, "name", "agent"))
@@ -273,7 +300,7 @@ class Runner:
             """The episode is over: its row is written now; a judge verdict, if any, follows as
             a second row with the same key (the last row of a key wins when loading)."""
             row = self._row(ep, final, error)
-            free[ep.worker].append(ep.slot)
+            free[ep.wave][ep.worker].append(ep.slot)
             if judge_pool is not None and row["error"] is None:
                 row["judge_status"] = "pending"
                 to_judge(row)
@@ -289,67 +316,97 @@ class Runner:
                 self.rows[row["key"]] = row
             unwritten.clear()
 
+        def enqueue(ep: _Episode, command: tuple) -> None:
+            """Queue a command for the episode's worker, joining the last list if it is of the same wave."""
+            batches = queued[ep.worker]
+            if not batches or batches[-1].wave != ep.wave:
+                batches.append(_Batch(ep.wave))
+            batches[-1].commands.append(command)
+            batches[-1].episodes.append(ep)
+
+        def send_to_idle_workers() -> None:
+            for w in range(n_workers):
+                if queued[w] and inflight[w] is None and not pool.busy[w]:
+                    inflight[w] = queued[w].pop(0)
+                    pool.submit(w, inflight[w].commands)
+
+        def env_pending(wave: int) -> bool:
+            """Whether some of the wave's commands are still queued or in flight."""
+            return any(b is not None and b.wave == wave for b in inflight) or \
+                any(b.wave == wave for batches in queued for b in batches)
+
+        def collect(answers) -> None:
+            """Take the workers' answers: finished episodes are written, live ones wait for the agent."""
+            for w, results in answers:
+                batch, inflight[w] = inflight[w], None
+                if results is None:  # the worker died (and was restarted): its live episodes are lost
+                    self._lose_worker(w, batch.episodes, queued[w], ready, finish)
+                    continue
+                for ep, res in zip(batch.episodes, results):
+                    ep.env_s += res.get("env_s", 0.0)
+                    if "error" in res:
+                        finish(ep, error=res["error"])
+                    elif res.get("kind") == "reset":
+                        info = dict(res["info"], seed=ep.seed, sample=ep.sample, episode_key=ep.key)
+                        ep.conversation = Conversation.start(res["obs"], info, cfg.observation_style)
+                        ready[ep.wave].append(ep)
+                    else:
+                        self._record_step(ep, res)
+                        if res["terminated"] or res["truncated"]:
+                            finish(ep, final=res)
+                        else:
+                            turn = ep.pending_action if isinstance(ep.pending_action, str) else ""
+                            ep.conversation.add_turn(turn, res["obs"])
+                            ready[ep.wave].append(ep)
+
+        def refill(wave: int) -> None:
+            """Start new episodes in the wave's free slots; their resets join the wave's next lists."""
+            for w in range(n_workers):
+                while todo and free[wave][w]:
+                    ep = todo.popleft()
+                    ep.wave, ep.worker, ep.slot = wave, w, free[wave][w].pop()
+                    ep.started = time.perf_counter()
+                    enqueue(ep, ("reset", ep.slot, ep.seed, {"index": ep.index}))
+
         for row in rejudge:
             to_judge(row)
 
+        # Each round serves one wave (with one wave, always wave 0): its env answers, then the agent
+        # on its conversations, then its next commands. Rounds alternate between the waves, so each
+        # worker holds one wave's list in flight and the other's queued behind it.
+        for v in range(n_waves):
+            refill(v)
+        wave = 0
         try:
-            while todo or any(inflight) or any(queued_eps):
-                # 1. start new episodes in free slots
-                for w in range(n_workers):
-                    while todo and free[w]:
-                        ep = todo.popleft()
-                        ep.worker, ep.slot = w, free[w].pop()
-                        ep.started = time.perf_counter()
-                        queued[w].append(("reset", ep.slot, ep.seed, {"index": ep.index}))
-                        queued_eps[w].append(ep)
-                # 2. send queued commands to idle workers
-                for w in range(n_workers):
-                    if queued[w] and not pool.busy[w]:
-                        pool.submit(w, queued[w])
-                        inflight[w] = queued_eps[w]
-                        queued[w], queued_eps[w] = [], []
-                # 3. collect answers; episodes that are still live wait for the agent
-                ready: list[_Episode] = []
-                answered = pool.poll()
-                while cfg.gather == "all" and any(pool.busy):
-                    answered += pool.poll()
-                for w, results in answered:
-                    eps, inflight[w] = inflight[w], []
-                    if results is None:  # the worker died (and was restarted): its live episodes are lost
-                        for ep in eps:
-                            self._finish_crashed(ep, finish)
-                        continue
-                    for ep, res in zip(eps, results):
-                        ep.env_s += res.get("env_s", 0.0)
-                        if "error" in res:
-                            finish(ep, error=res["error"])
-                        elif res.get("kind") == "reset":
-                            info = dict(res["info"], seed=ep.seed, sample=ep.sample, episode_key=ep.key)
-                            ep.conversation = Conversation.start(res["obs"], info, cfg.observation_style)
-                            ready.append(ep)
-                        else:
-                            self._record_step(ep, res)
-                            if res["terminated"] or res["truncated"]:
-                                finish(ep, final=res)
-                            else:
-                                turn = ep.pending_action if isinstance(ep.pending_action, str) else ""
-                                ep.conversation.add_turn(turn, res["obs"])
-                                ready.append(ep)
+            while todo or any(inflight) or any(queued) or any(ready):
+                # 1. send queued commands to idle workers; 2. collect answers until this wave's are
+                # all in (gather=all) or any came (gather=any). A worker that answers gets its next
+                # list at once: with two waves, the other wave's, stepped while the agent acts.
+                send_to_idle_workers()
+                if cfg.gather == "any":
+                    collect(pool.poll())
+                    send_to_idle_workers()
+                while cfg.gather == "all" and env_pending(wave):
+                    collect(pool.poll())
+                    send_to_idle_workers()
                 commit()
-                # 4. the agent acts on every waiting conversation at once
-                if ready:
+                # 3. the agent acts on every conversation of this wave that waits for it; its turns
+                # and the wave's new episodes are queued
+                acting, ready[wave] = ready[wave], []
+                if acting:
                     t0 = time.perf_counter()
-                    answers = _call_agent(self.agent, [ep.conversation for ep in ready])
-                    share = (time.perf_counter() - t0) / len(ready)
-                    for ep, (action, err) in zip(ready, answers):
+                    answers = _call_agent(self.agent, [ep.conversation for ep in acting])
+                    share = (time.perf_counter() - t0) / len(acting)
+                    for ep, (action, err) in zip(acting, answers):
                         ep.agent_s += share
                         if err is not None:
                             finish(ep, error={"kind": "agent_error", "message": err})
                             continue
                         ep.pending_action = _as_action(action)
-                        queued[ep.worker].append(("step", ep.slot, ep.pending_action))
-                        queued_eps[ep.worker].append(ep)
-                # 5. write rows whose judge has answered
+                        enqueue(ep, ("step", ep.slot, ep.pending_action))
+                refill(wave)
+                wave = (wave + 1) % n_waves
+                # 4. write rows whose judge has answered
                 if judging:
                     still = []
                     for row, fut in judging:
@@ -389,8 +446,22 @@ class Runner:
             "env_s": res.get("env_s"),
         })
 
-    def _finish_crashed(self, ep: _Episode, finish) -> None:
-        finish(ep, error={"kind": "worker_crash", "message": "the env worker process died during this episode"})
+    def _lose_worker(self, worker: int, running: list[_Episode], queued: list[_Batch],
+                     ready: list[list[_Episode]], finish) -> None:
+        """A dead worker took the envs of every episode it held: the ones in the command list it
+        was running, the ones waiting for the agent and the ones with a step queued for it all
+        become ``worker_crash`` rows. Queued resets stay: the restarted worker can run them."""
+        lost = list(running)
+        for waiting in ready:
+            lost += [ep for ep in waiting if ep.worker == worker]
+            waiting[:] = [ep for ep in waiting if ep.worker != worker]
+        for batch in queued:
+            lost += [ep for c, ep in zip(batch.commands, batch.episodes) if c[0] != "reset"]
+            resets = [(c, ep) for c, ep in zip(batch.commands, batch.episodes) if c[0] == "reset"]
+            batch.commands, batch.episodes = [c for c, _ in resets], [ep for _, ep in resets]
+        queued[:] = [b for b in queued if b.commands]
+        for ep in lost:
+            finish(ep, error={"kind": "worker_crash", "message": "the env worker process died during this episode"})
 
     def _judge(self, row: Mapping[str, Any]) -> dict[str, Any]:
         if row["prediction"] is None:

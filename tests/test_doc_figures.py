@@ -29,9 +29,10 @@ def test_every_path_a_doc_names_exists():
 
 
 def test_the_docs_quote_figures_through_markers():
-    quoted = [m.group("key") for f in figures.doc_files() for m in figures.MARKER.finditer(f.read_text())]
+    quoted = [m.group("key") for f in figures.doc_files() for m in figures.markers(f.read_text())]
     topics = {k.split(".", 1)[0] for k in quoted}
-    assert {"tools", "rewards", "eval", "verl_rollout"} <= topics, sorted(topics)
+    assert {"tools", "rewards", "eval", "verl_rollout", "learning", "learning_early", "vqarad_baselines"} <= topics, \
+        sorted(topics)
 
 
 def test_benchmarks_md_holds_every_recorded_section():
@@ -87,6 +88,20 @@ def test_a_figure_that_was_not_finite_prints_as_missing(scratch):
     assert ">n/a<" in doc.read_text()
 
 
+def test_a_generated_block_is_reported_and_rewritten(scratch):
+    results, _ = scratch
+    doc = results.parent / "block.md"
+    figures.record("tab", "## Tab", {"table": "| a |\n|---|\n| 2 |"}, "python benchmarks/bench_tab.py", results)
+    doc.write_text("before\n<!-- fig-block tab.table -->\n| a |\n|---|\n| 1 |\n<!-- /fig-block -->\nafter\n")
+    problems = figures.stale([doc], results)
+    assert len(problems) == 1 and "'| 1 |' in the doc, '| 2 |' in the results" in problems[0], problems
+    assert figures.update_docs([doc], results) == []
+    assert doc.read_text() == "before\n<!-- fig-block tab.table -->\n| a |\n|---|\n| 2 |\n<!-- /fig-block -->\nafter\n"
+    assert figures.stale([doc], results) == []
+    doc.write_text("<!-- fig-block tab.nope -->\nx\n<!-- /fig-block -->\n")
+    assert any("unknown figure 'tab.nope'" in p for p in figures.stale([doc], results))
+
+
 def test_a_quick_run_keeps_no_results_unless_told_where():
     assert figures.results_dir_arg(True, None) is None
     assert figures.results_dir_arg(False, None) == figures.RESULTS
@@ -109,3 +124,41 @@ def test_learning_figures_are_what_the_committed_run_files_say(tmp_path, monkeyp
     fresh = json.loads((tmp_path / "learning.json").read_text())["figures"]
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
     assert fresh == recorded
+
+
+def _bench_module(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_early_learning_figures_are_what_the_committed_run_files_say(tmp_path, monkeypatch):
+    """``benchmarks/results/learning_early.json`` (experiments 1 and 2, SmolLM2: what
+    ``docs/training.md`` quotes about them) is derived from ``docs/training_runs/exp1``, ``exp2`` and
+    ``smollm2``: a changed run file or a hand-edited figure fails here."""
+    _bench_module("bench_learning_early", monkeypatch).main(["--results", str(tmp_path)])
+    fresh = json.loads((tmp_path / "learning_early.json").read_text())["figures"]
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_early.json").read_text())["figures"]
+    assert fresh == recorded
+    # spot checks read straight from the run files, independent of the script's helpers
+    runs = ROOT / "docs" / "training_runs"
+    ends = []
+    for path in sorted((runs / "exp2").glob("grpo_s*/metrics.jsonl")):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        evals = [r for r in rows if "eval/accuracy" in r]
+        ends.append(evals[-1]["eval/accuracy"])
+        assert recorded[f"exp2.grpo.{path.parent.name.split('_')[1]}.wall_s"] == rows[-1]["time/wall_s"]
+    assert recorded["exp2.grpo.seeds"] == len(ends)
+    assert recorded["exp2.grpo.acc.end_mean"] == pytest.approx(sum(ends) / len(ends))
+    smol = [json.loads(line) for line in (runs / "smollm2" / "grpo_s0" / "metrics.jsonl").read_text().splitlines()]
+    assert recorded["smollm2.grpo.eval10.acc"] == smol[-1]["eval/accuracy"]
+
+
+def test_the_vqarad_benchmark_refuses_without_the_dataset(tmp_path, monkeypatch, capsys):
+    bench = _bench_module("bench_vqarad_baselines", monkeypatch)
+    results = tmp_path / "results"
+    assert bench.main(["--root", str(tmp_path / "absent"), "--results", str(results)]) == 1
+    assert "VQA-RAD is not under" in capsys.readouterr().err
+    assert not results.exists()

@@ -1,0 +1,107 @@
+"""``overlap=True``: two waves of episodes take turns, env workers step one while the agent acts on
+the other -- same episodes as the serial harness, full agent batches, crashes still contained."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+import eval.runner as runner_module
+from eval.runner import EvalConfig, Runner
+from eval.scripted import ScriptedAgent
+from medvqa_env.datasets import load_dataset
+from medvqa_env.pool import EnvPool
+
+from eval_helpers import by_key
+
+FAST = dict(progress=False, open_metrics=False, bootstrap=50)
+
+
+def run(agent, dataset, **cfg):
+    return Runner(agent, dataset, EvalConfig(**{**FAST, **cfg}), out_dir=None).run()
+
+
+def mixed_agent(**kw) -> ScriptedAgent:
+    """Episodes of different lengths and outcomes, so the waves do not stay in lockstep."""
+    return ScriptedAgent(bad_tool_on="q05", garbage_on="q07", crash_on="q10", **kw)
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_overlap_gives_the_same_episodes_as_serial(dataset, workers):
+    serial = run(mixed_agent(), dataset, k=2, workers=0, batch_size=5)
+    agent = mixed_agent()
+    overlapped = run(agent, dataset, k=2, workers=workers, batch_size=5, overlap=True)
+    assert by_key(overlapped) == by_key(serial)
+    assert max(agent.batch_sizes) <= 6  # a wave of 5 rounded up to whole slots per worker, never two waves
+
+
+def test_overlap_gives_the_same_episodes_as_serial_on_vqa_rad(vqa_rad_root):
+    ds = load_dataset("vqa_rad", split="test", root=vqa_rad_root)[:16]
+    serial = run(ScriptedAgent(), ds, workers=0, batch_size=4)
+    assert by_key(run(ScriptedAgent(), ds, workers=2, batch_size=4, overlap=True)) == by_key(serial)
+
+
+class PoolWatchingAgent(ScriptedAgent):
+    """Notes, at each ``act_batch``, whether an env worker is holding a command list (stepping)."""
+
+    pool = None
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.workers_busy: list[bool] = []
+
+    def act_batch(self, conversations):
+        self.workers_busy.append(any(type(self).pool.busy))
+        return super().act_batch(conversations)
+
+
+@pytest.fixture
+def watched_pool(monkeypatch):
+    def make_pool(*args, **kwargs):
+        PoolWatchingAgent.pool = EnvPool(*args, **kwargs)
+        return PoolWatchingAgent.pool
+
+    monkeypatch.setattr(runner_module, "EnvPool", make_pool)
+    yield
+    PoolWatchingAgent.pool = None
+
+
+def test_the_workers_step_one_wave_while_the_agent_acts_on_the_other(dataset, watched_pool):
+    plain = PoolWatchingAgent()
+    run(plain, dataset, k=2, workers=2, batch_size=4)
+    assert not any(plain.workers_busy)  # gather=all: the workers idle while the agent thinks
+    agent = PoolWatchingAgent()
+    run(agent, dataset, k=2, workers=2, batch_size=4, overlap=True)
+    assert sum(agent.workers_busy) >= len(agent.workers_busy) - 2  # all but the last calls overlap
+    assert max(agent.batch_sizes) == 4 and sum(agent.batch_sizes) == sum(plain.batch_sizes)
+
+
+class WorkerKillingAgent(ScriptedAgent):
+    """Kills env worker 0 during its third ``act_batch`` call (a segfault in a tool, an OOM kill)."""
+
+    def act_batch(self, conversations):
+        if len(self.batch_sizes) == 2:
+            for proc in multiprocessing.active_children():
+                if proc.name == "medvqa-env-0":
+                    proc.kill()
+                    proc.join(5)
+        return super().act_batch(conversations)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_dead_worker_loses_only_its_episodes(dataset, overlap):
+    serial = by_key(run(ScriptedAgent(), dataset, k=2, workers=0))
+    rows = run(WorkerKillingAgent(), dataset, k=2, workers=2, batch_size=8, overlap=overlap)
+    assert sorted(r["key"] for r in rows) == sorted(serial)  # every episode has its row
+    crashed = [r for r in rows if r["error"]]
+    assert crashed and all(r["error"]["kind"] == "worker_crash" for r in crashed)
+    assert len(crashed) < len(rows) // 2
+    for r in rows:
+        if not r["error"]:
+            assert by_key([r])[r["key"]] == serial[r["key"]]
+
+
+def test_overlap_needs_gather_all(dataset):
+    with pytest.raises(ValueError, match="gather='all'"):
+        Runner(ScriptedAgent(), dataset, EvalConfig(overlap=True, gather="any"), None)

@@ -78,7 +78,7 @@ def response_logprobs(model, batch: TokenBatch, encoder: ChatEncoder, temperatur
 
     Only the trained tokens (``response_mask`` 1) get logits: a tool's observation inside the
     response is context, so its positions skip the output projection and the softmax over the
-    vocabulary (for a small model, a fifth of the forward's arithmetic per token). Their entries,
+    vocabulary (for a small model with a large vocabulary, much of its arithmetic). Their entries,
     like padding's, are 0; callers multiply by ``response_mask``. ``all_logits`` computes every
     response position's logits instead (the same values at the trained tokens; for comparison).
 

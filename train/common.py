@@ -169,9 +169,9 @@ def build_policy(name: str, system_prompt: str | None, train_layers: int, lora_r
 
 def make_optimizer(model, lr: float, weight_decay: float = 0.01) -> torch.optim.AdamW:
     """AdamW over the trainable parameters, fused where torch has the fused kernel for their
-    device (CPU, CUDA): one pass over the parameters instead of a dozen element-wise ops each --
-    for SmolLM2-135M on this machine's CPU a step takes ~0.1 s instead of ~0.6-3 s. The update
-    is AdamW's, equal to the unfused one to float rounding (tested)."""
+    device (CPU, CUDA): one pass over the parameters instead of a dozen element-wise ops each (the
+    optimiser phase of ``benchmarks/bench_train.py`` measures it). The update is AdamW's, equal
+    to the unfused one to float rounding (tested)."""
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)

@@ -281,8 +281,11 @@ class Runner:
                          "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style},
                         episode_hook="eval.scoring:EpisodeScorer",
                         hook_options={"open_metrics": cfg.open_metrics, "metrics_options": cfg.metrics_options})
+        # worker processes hand images back as views of shared memory, valid until the slot's next
+        # reset: an episode's conversation is dropped when it finishes, before its slot is reused
+        backend_options = {"image_views": True} if cfg.workers else {}
         pool = EnvPool(spec, size=n_workers * n_waves * slots_per_wave, backend="process" if cfg.workers else "thread",
-                       workers=n_workers, reward=eval_reward(cfg.reward)) if total else None
+                       workers=n_workers, reward=eval_reward(cfg.reward), **backend_options) if total else None
         free = [[list(range(v * slots_per_wave, (v + 1) * slots_per_wave)) for _ in range(n_workers)]
                 for v in range(n_waves)]  # free[wave][worker]: local slots with no live episode
         queued: list[list[_Batch]] = [[] for _ in range(n_workers)]  # per worker, sent in order

@@ -109,6 +109,9 @@ class MedVQAEnv(gym.Env[dict, str]):
         self.max_action_chars = int(max_action_chars)
         self.max_image_side = int(max_image_side)
         self.render_mode = render_mode
+        # False: a record image's observation is the read-only array the image cache keeps, not a
+        # copy (for a consumer that copies it anyway, like the process pool's shared-memory transport)
+        self.copy_observation_images = True
 
         self.system_prompt = prompts.system_prompt(self.toolbox.openai_tools(), self.protocol, max_turns)
         self.observation_space = observation_space(max_text_chars=1 << 22, max_image_side=max_image_side)
@@ -293,10 +296,11 @@ class MedVQAEnv(gym.Env[dict, str]):
 
     def _as_array(self, image: Image.Image) -> np.ndarray:
         """A new array of an episode image's pixels (already fitted to ``max_image_side``); a
-        record image's is a memcpy of the array its ``ImageCache`` keeps, ~4x cheaper than PIL's."""
+        record image's is a memcpy of the array its ``ImageCache`` keeps, ~4x cheaper than PIL's
+        (or that array itself, read-only, when ``copy_observation_images`` is off)."""
         pixels = image_pixels(image)
         if pixels is not None:
-            return pixels.copy()
+            return pixels.copy() if self.copy_observation_images else pixels
         return np.array(image if image.mode == "RGB" else image.convert("RGB"), dtype=np.uint8)
 
     def render(self):

@@ -108,7 +108,7 @@ class EnvWorker:
     ``{"error": {"kind", "message"}}`` for that command only. Every result has ``env_s``.
     """
 
-    def __init__(self, spec: PoolSpec, slots: int) -> None:
+    def __init__(self, spec: PoolSpec, slots: int, copy_images: bool = True) -> None:
         from medvqa_env.env import MedVQAEnv
         from medvqa_env.services import EnvServices, resolve_toolbox
 
@@ -120,6 +120,8 @@ class EnvWorker:
             toolbox.cache = DiskToolCache(spec.tool_cache_dir)
         self.services = EnvServices(reward=None, toolbox=toolbox)  # scoring is the owner's
         self.envs = [MedVQAEnv(services=self.services, defer_reward=True, **kwargs) for _ in range(slots)]
+        for env in self.envs:  # False where the results are copied anyway (pickled or into shared memory)
+            env.copy_observation_images = copy_images
         self.hook = None
         if spec.episode_hook:
             self.hook = _import(spec.episode_hook)(toolbox, **dict(spec.hook_options))

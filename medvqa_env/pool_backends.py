@@ -7,6 +7,12 @@ worker that died; it is restarted), ``busy``, ``close()``.
 Processes are spawned (no fork of a process that holds threads or torch state). Observation images
 come back through a shared-memory arena per worker (one memcpy each) instead of the pipe: VQA-RAD
 images are ~2 MB, and pickling them through a socket costs several copies and many reads.
+
+By default the owner copies each image out before the worker's next command list. With
+``image_views=True`` (what the evaluation harness asks for) every env slot owns a region of the
+arena that a reset rewinds and a step appends to, so an image stays where it is until its slot's
+next reset and the owner keeps read-only views instead of copies: a consumer that drops an
+episode's images before reusing its slot pays no copy at all.
 """
 
 from __future__ import annotations
@@ -42,42 +48,81 @@ class ArenaImage(NamedTuple):
 
 
 def park_images(results: list[dict[str, Any]], arena: Any) -> list[dict[str, Any]]:
-    """Worker side: copy observation images into the arena; what does not fit goes inline."""
+    """Worker side: copy observation images into the arena from its start (the owner copies them
+    out before the next command list); what does not fit goes inline."""
     offset = 0
     for res in results:
-        obs = res.get("obs")
-        if not obs or not obs.get("images"):
-            continue
-        parked = []
-        for image in obs["images"]:
-            arr = np.ascontiguousarray(image)
-            if offset + arr.nbytes > arena.size:
-                parked.append(arr)
-                continue
-            np.ndarray(arr.shape, arr.dtype, buffer=arena.buf, offset=offset)[...] = arr
-            parked.append(ArenaImage(offset, arr.shape, arr.dtype.str))
-            offset += -(-arr.nbytes // 64) * 64
-        obs["images"] = tuple(parked)
+        offset = _park(res, arena, offset, arena.size)
     return results
 
 
-def fetch_images(results: list[dict[str, Any]], arena: Any) -> list[dict[str, Any]]:
-    """Main side: copy parked images out of the arena (before the worker gets new commands)."""
+class SlotRegions:
+    """Worker side of ``image_views``: slot ``s`` owns bytes ``[s * region, (s + 1) * region)`` of
+    the arena. A reset rewinds the slot's cursor and a step appends after its earlier images, so
+    an image is not overwritten before its slot's next reset."""
+
+    def __init__(self, arena: Any, slots: int) -> None:
+        self.arena = arena
+        self.region = arena.size // max(1, slots) // 64 * 64
+        self.used = [0] * slots
+
+    def park(self, commands: list[tuple], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for command, res in zip(commands, results):
+            slot = command[1] if command[0] in ("reset", "step") else None
+            if not isinstance(slot, int) or not 0 <= slot < len(self.used):
+                continue  # no env, no images (an out-of-range slot is an error result already)
+            if command[0] == "reset":
+                self.used[slot] = 0
+            start = slot * self.region
+            self.used[slot] = _park(res, self.arena, start + self.used[slot], start + self.region) - start
+        return results
+
+
+def _park(res: dict[str, Any], arena: Any, offset: int, end: int) -> int:
+    """Copy ``res``'s observation images into ``arena[offset:end]``; returns the next free offset."""
+    obs = res.get("obs")
+    if not obs or not obs.get("images"):
+        return offset
+    parked = []
+    for image in obs["images"]:
+        arr = np.ascontiguousarray(image)
+        if offset + arr.nbytes > end:
+            parked.append(arr)
+            continue
+        np.ndarray(arr.shape, arr.dtype, buffer=arena.buf, offset=offset)[...] = arr
+        parked.append(ArenaImage(offset, arr.shape, arr.dtype.str))
+        offset += -(-arr.nbytes // 64) * 64
+    obs["images"] = tuple(parked)
+    return offset
+
+
+def fetch_images(results: list[dict[str, Any]], arena: Any, views: bool = False) -> list[dict[str, Any]]:
+    """Main side: parked images as copies (before the worker gets new commands) or, with ``views``
+    (slot regions), as read-only views that stay valid until the slot's next reset."""
     for res in results:
         obs = res.get("obs")
         if obs and obs.get("images"):
-            obs["images"] = tuple(
-                np.ndarray(a.shape, np.dtype(a.dtype), buffer=arena.buf, offset=a.offset).copy()
-                if isinstance(a, ArenaImage) else a for a in obs["images"])
+            obs["images"] = tuple(_from_arena(a, arena, views) if isinstance(a, ArenaImage) else a
+                                  for a in obs["images"])
     return results
 
 
-def _worker_main(conn: Connection, spec: PoolSpec, slots: int, arena_name: str | None) -> None:
+def _from_arena(image: ArenaImage, arena: Any, view: bool) -> np.ndarray:
+    arr = np.ndarray(image.shape, np.dtype(image.dtype), buffer=arena.buf, offset=image.offset)
+    if not view:
+        return arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+def _worker_main(conn: Connection, spec: PoolSpec, slots: int, arena_name: str | None,
+                 image_views: bool = False) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per worker: the pool is the parallelism
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
-        worker = EnvWorker(spec, slots)
+        # the arena or the pipe copies every observation image anyway: the envs need not
+        worker = EnvWorker(spec, slots, copy_images=False)
     except Exception as e:  # noqa: BLE001 -- reported to the owner, which raises it
         conn.send({"fatal": f"{type(e).__name__}: {e}"})
         return
@@ -87,6 +132,7 @@ def _worker_main(conn: Connection, spec: PoolSpec, slots: int, arena_name: str |
             arena = shared_memory.SharedMemory(name=arena_name)  # the owner unlinks it
         except OSError:  # no shared memory here: images go through the pipe
             arena = None
+    regions = SlotRegions(arena, slots) if arena is not None and image_views else None
     conn.send({"ready": True})
     while True:
         try:
@@ -96,7 +142,11 @@ def _worker_main(conn: Connection, spec: PoolSpec, slots: int, arena_name: str |
         if commands is None:
             break
         results = worker.run(commands)
-        conn.send(park_images(results, arena) if arena is not None else results)
+        if regions is not None:
+            results = regions.park(commands, results)
+        elif arena is not None:
+            results = park_images(results, arena)
+        conn.send(results)
     worker.close()
     if arena is not None:
         arena.close()
@@ -157,11 +207,16 @@ def _release(arenas: list[Any]) -> None:
 
 
 class ProcessWorkers:
-    """``n_workers`` spawned processes with ``slots`` copies each."""
+    """``n_workers`` spawned processes with ``slots`` copies each.
+
+    ``image_views``: observation images come back as read-only views of the worker's arena, valid
+    until their slot's next reset (see the module docstring), instead of copies.
+    """
 
     def __init__(self, spec: PoolSpec, n_workers: int, slots: int, start_method: str = "spawn",
-                 start_timeout_s: float = 600.0) -> None:
+                 start_timeout_s: float = 600.0, image_views: bool = False) -> None:
         self.spec, self.slots, self.n_workers = spec, slots, n_workers
+        self.image_views = bool(image_views)
         self.start_timeout_s = float(start_timeout_s)
         self._ctx = mp.get_context(start_method)
         self._conns: list[Connection | None] = [None] * n_workers
@@ -189,7 +244,7 @@ class ProcessWorkers:
             except OSError:
                 log.warning("no shared memory; observation images go through the pipe")
         arena_name = self._arenas[w].name if self._arenas[w] is not None else None
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.spec, self.slots, arena_name), daemon=True,
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.spec, self.slots, arena_name, self.image_views), daemon=True,
                                  name=f"medvqa-env-{w}")
         with _main_not_reimported():
             proc.start()
@@ -230,7 +285,8 @@ class ProcessWorkers:
             w = pending[conn]
             try:
                 results = conn.recv()
-                out.append((w, fetch_images(results, self._arenas[w]) if self._arenas[w] is not None else results))
+                arena = self._arenas[w]
+                out.append((w, fetch_images(results, arena, self.image_views) if arena is not None else results))
             except (EOFError, OSError):
                 log.error("env worker %d died; restarting it", w)
                 out.append((w, None))

@@ -105,3 +105,36 @@ def test_a_dead_worker_loses_only_its_episodes(dataset, overlap):
 def test_overlap_needs_gather_all(dataset):
     with pytest.raises(ValueError, match="gather='all'"):
         Runner(ScriptedAgent(), dataset, EvalConfig(overlap=True, gather="any"), None)
+
+
+class PixelReadingAgent(ScriptedAgent):
+    """Records a digest of every image of a conversation when it answers (the first look at the
+    pixels: the question's image has waited in shared memory through the zoom turn)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.seen: dict[tuple[str, int], list[str]] = {}
+
+    def act_batch(self, conversations):
+        import hashlib
+
+        import numpy as np
+
+        for conv in conversations:
+            if conv.turns == 0:
+                continue
+            self.seen[(conv.info["episode_key"], conv.turns)] = [
+                hashlib.sha256(np.asarray(im).tobytes()).hexdigest() for im in conv.images]
+        return super().act_batch(conversations)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_workers_show_the_agent_the_same_pixels_as_serial(dataset, overlap):
+    """Worker processes hand images back as views of shared memory that live until the slot's next
+    reset; with slots reused many times, every turn of every episode must still see its own pixels."""
+    serial, workers = PixelReadingAgent(), PixelReadingAgent()
+    run(serial, dataset, k=3, workers=0, batch_size=3)
+    run(workers, dataset, k=3, workers=2, batch_size=3, overlap=overlap)
+    assert workers.seen == serial.seen
+    assert len(serial.seen) == 3 * len(dataset)  # every episode: zoom, then answer with two images
+    assert all(len(images) == 2 for images in serial.seen.values())

@@ -156,3 +156,68 @@ def test_a_plain_script_without_a_main_guard_can_run_process_workers(tmp_path):
     assert "2 resets" in done.stdout and "leaked" not in done.stderr
     if shm_before:
         assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")}
+
+
+def test_slot_regions_keep_each_image_in_place_until_its_slot_is_reset():
+    from multiprocessing import shared_memory
+
+    from medvqa_env.pool_backends import ArenaImage, SlotRegions, fetch_images
+
+    arena = shared_memory.SharedMemory(create=True, size=2 * 1024)
+    try:
+        regions = SlotRegions(arena, slots=2)  # 1024 bytes each
+
+        def image(value, side=8):
+            return np.full((side, side, 3), value, np.uint8)  # 192 bytes
+
+        def obs(*images):
+            return {"obs": {"text": "", "images": images}}
+
+        first = fetch_images(regions.park([("reset", 0, 0, {})], [obs(image(1))]), arena, views=True)
+        kept = first[0]["obs"]["images"][0]
+        assert not kept.flags.writeable
+        # other slots' resets and steps, and this slot's own steps, append elsewhere
+        regions.park([("reset", 1, 0, {}), ("step", 1, "a"), ("step", 0, "b")],
+                     [obs(image(2)), obs(image(3)), obs(image(4, side=12))])
+        assert (kept == 1).all()
+        # a step whose images do not fit the slot's region sends them inline
+        big = regions.park([("step", 0, "c")], [obs(image(5, side=16))])[0]["obs"]["images"][0]
+        assert isinstance(big, np.ndarray) and (big == 5).all()
+        # the slot's next reset rewinds it: the old episode's image is gone
+        parked = regions.park([("reset", 0, 0, {})], [obs(image(6))])[0]["obs"]["images"][0]
+        assert isinstance(parked, ArenaImage) and parked.offset == 0 and (kept == 6).all()
+    finally:
+        del kept, first
+        arena.close()
+        arena.unlink()
+
+
+def test_process_pool_image_views_match_copies_across_resets_of_other_slots(tiny_dataset):
+    kwargs = {"dataset": tiny_dataset, "tools": ["image_zoom_in"], "reward": "rule"}
+    zoom = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 16, 16]}}</tool_call>'
+
+    def episode_images(pool):
+        (obs0, _), (obs1, _) = pool.reset([(0, {"index": 0}), (0, {"index": 1})])
+        crop0 = pool.step({0: zoom})[0][0]["images"][0]
+        pool.step({1: zoom})
+        pool.reset_slots({1: (0, {"index": 2})})  # slot 1 starts again; slot 0's images stay
+        return [np.array(obs0["images"][0]), np.array(crop0)], [obs0["images"][0], crop0]
+
+    with EnvPool(kwargs, size=2, backend="thread") as pool:
+        expected, _ = episode_images(pool)
+    with EnvPool(kwargs, size=2, backend="process", workers=1, image_views=True) as pool:
+        _, views = episode_images(pool)
+        assert [v.flags.writeable for v in views] == [False, False]
+        assert all(np.array_equal(v, e) for v, e in zip(views, expected))
+        del views
+
+
+def test_a_worker_whose_results_are_copied_anyway_skips_the_envs_own_copy(tiny_dataset):
+    from medvqa_env.pool import EnvWorker, resolve_spec
+
+    spec, _ = resolve_spec({"dataset": tiny_dataset, "tools": []})
+    copied, shared = EnvWorker(spec, 1), EnvWorker(spec, 1, copy_images=False)
+    a = copied.run([("reset", 0, 0, {"index": 0})])[0]["obs"]["images"][0]
+    b = shared.run([("reset", 0, 0, {"index": 0})])[0]["obs"]["images"][0]
+    assert np.array_equal(a, b) and a.flags.writeable and not b.flags.writeable  # the cache's array, read-only
+    copied.close(), shared.close()

@@ -1,9 +1,11 @@
 """The evaluation loop: many live episodes at once, the agent called on all that wait for it.
 
 ``evaluate(agent, dataset, config, out_dir)`` keeps ``config.batch_size`` episodes live. Env work
-(reset, image loading, tools, per-episode scores and open-answer metrics) runs in the workers of a
-:class:`medvqa_env.pool.EnvPool` (the env reward is scored by the pool, in batches); the agent runs
-here and gets every conversation that is waiting in one ``act_batch`` call. With ``overlap``, two
+(reset, image loading, tools, per-episode scores) runs in the workers of a
+:class:`medvqa_env.pool.EnvPool`; the agent runs here and gets every conversation that is waiting
+in one ``act_batch`` call. What loads a model is here once per run, not once per worker: the env
+reward (scored by the pool, in batches) and the open-answer metrics (the MiniLM encoders; every
+OPEN episode finished in a round is measured in one batch before its row is written). With ``overlap``, two
 such waves of episodes are live and take turns: the workers step one while the agent acts on the
 other, so a model's time hides the env work. Each finished episode is appended to
 ``episodes.jsonl`` at once (see :mod:`eval.results`); a rerun skips what is there. Episode
@@ -33,7 +35,7 @@ from medvqa_env.chat import Conversation
 from medvqa_env.records import VQADataset, VQARecord
 from medvqa_env.pool import EnvPool, PoolSpec
 from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
-from eval.scoring import tool_stats
+from eval.scoring import OpenMetrics, tool_stats
 from eval.selection import describe_selection, select_records
 from eval.summary import EvalSummary
 
@@ -216,6 +218,8 @@ class Runner:
         self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config))
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rows: dict[str, dict[str, Any]] = {}  # rows written in this call, by key (latest)
+        self._metrics: OpenMetrics | None = None  # loaded on the first OPEN answer
+        self._metrics_error: str | None = None
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def _todo(self, done: set[str]) -> deque[_Episode]:
@@ -248,7 +252,7 @@ class Runner:
             "trace": ep.trace,
             "tool_stats": tool_stats(ep.trace),
             "timing": {"total_s": time.perf_counter() - ep.started, "agent_s": ep.agent_s, "env_s": ep.env_s,
-                       "score_s": (final or {}).get("score_s", 0.0)},
+                       "score_s": 0.0},
             "error": dict(error) if error else None,
             "judge": None,
         }
@@ -279,8 +283,7 @@ class Runner:
         slots_per_wave = max(1, -(-per_wave // n_workers))  # per worker; wave v owns local slots v*S..(v+1)*S-1
         spec = PoolSpec({"dataset": self.dataset, "tools": cfg.tools, "max_turns": cfg.max_turns,
                          "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style},
-                        episode_hook="eval.scoring:EpisodeScorer",
-                        hook_options={"open_metrics": cfg.open_metrics, "metrics_options": cfg.metrics_options})
+                        episode_hook="eval.scoring:EpisodeScorer")
         # worker processes hand images back as views of shared memory, valid until the slot's next
         # reset: an episode's conversation is dropped when it finishes, before its slot is reused
         backend_options = {"image_views": True} if cfg.workers else {}
@@ -295,6 +298,7 @@ class Runner:
         judging: list[tuple[dict[str, Any], Future]] = []
         progress = _Progress(total, cfg.progress, desc=getattr(self.agent, "name", "agent"))
         unwritten: list[dict[str, Any]] = []
+        unmeasured: list[dict[str, Any]] = []  # rows of OPEN episodes waiting for their metrics
 
         def to_judge(row: dict[str, Any]) -> None:
             judging.append((row, judge_pool.submit(self._judge, row)))
@@ -304,6 +308,8 @@ class Runner:
             a second row with the same key (the last row of a key wins when loading)."""
             row = self._row(ep, final, error)
             free[ep.wave][ep.worker].append(ep.slot)
+            if cfg.open_metrics and (final or {}).get("score", {}).get("needs_open_metrics"):
+                unmeasured.append(row)
             if judge_pool is not None and row["error"] is None:
                 row["judge_status"] = "pending"
                 to_judge(row)
@@ -311,6 +317,9 @@ class Runner:
 
         def commit() -> None:
             """Make the rows finished so far durable (one fsync for all) before more work starts."""
+            if unmeasured:
+                self._measure_open(unmeasured)
+                unmeasured.clear()
             if writer:
                 writer.append_many(unwritten)
             for row in unwritten:
@@ -448,6 +457,31 @@ class Runner:
             "reward": res.get("reward"),
             "env_s": res.get("env_s"),
         })
+
+    def _measure_open(self, rows: list[dict[str, Any]]) -> None:
+        """Fill the OPEN rows' ``metrics`` in one batched :class:`OpenMetrics` call (``timing.score_s``
+        is each one's share). A metric failure costs the metrics (``metrics_error``), never the rows."""
+        t0 = time.perf_counter()
+        if self._metrics is None and self._metrics_error is None:
+            try:
+                self._metrics = OpenMetrics(**self.config.metrics_options)
+            except ImportError as e:
+                self._metrics_error = f"{type(e).__name__}: {e}"
+                log.warning("open-answer metrics unavailable: %s", e)
+        try:
+            if self._metrics is None:
+                raise RuntimeError(self._metrics_error)
+            measured = self._metrics([r["prediction"] or "" for r in rows], [r["ground_truth"] for r in rows])
+        except Exception as e:  # noqa: BLE001 -- a metric failure costs the metrics, not the episodes
+            if self._metrics is not None:
+                log.warning("open-answer metrics failed: %s", e, exc_info=True)
+            for row in rows:
+                row["metrics_error"] = self._metrics_error or f"{type(e).__name__}: {e}"
+            return
+        share = (time.perf_counter() - t0) / len(rows)
+        for row, metrics in zip(rows, measured):
+            row["metrics"] = metrics
+            row["timing"]["score_s"] = share
 
     def _lose_worker(self, worker: int, running: list[_Episode], queued: list[_Batch],
                      ready: list[list[_Episode]], finish) -> None:

@@ -12,13 +12,10 @@ Tool-use statistics come from the episode trace (:func:`tool_stats`).
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping, Sequence
 
 from medvqa_env.errors import ToolError
 from medvqa_env.records import AnswerType, VQARecord
-
-log = logging.getLogger(__name__)
 
 OPEN_METRICS = ("bleu1", "rouge1", "bertscore", "cossim")
 
@@ -143,26 +140,13 @@ class EpisodeScorer:
     parallel with the other workers and the agent.
 
     Per step it flags each tool call ``invalid`` (:func:`is_invalid_call`); when an episode ends it
-    adds ``out["score"]`` (:func:`score_episode`); per command list it fills the OPEN episodes'
-    ``score["metrics"]`` in one batched :class:`OpenMetrics` call (``score_s`` is each one's share).
-    A metric failure costs the metrics (``metrics_error``), never the episode.
+    adds ``out["score"]`` (:func:`score_episode`). An OPEN episode's score keeps
+    ``needs_open_metrics``: the harness measures those in its own process, where the encoders are
+    loaded once per run (:meth:`eval.runner.Runner._measure_open`), not once per worker.
     """
 
-    def __init__(self, toolbox: Any, open_metrics: bool = True, metrics_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, toolbox: Any) -> None:
         self.tool_specs = {s.name: s for s in toolbox.specs}
-        self.want_open_metrics = bool(open_metrics)
-        self.metrics_options = dict(metrics_options or {})
-        self._metrics: OpenMetrics | None = None
-        self.metrics_error: str | None = None
-
-    def _open_metrics(self) -> OpenMetrics | None:
-        if self.want_open_metrics and self._metrics is None and self.metrics_error is None:
-            try:
-                self._metrics = OpenMetrics(**self.metrics_options)
-            except ImportError as e:
-                self.metrics_error = f"{type(e).__name__}: {e}"
-                log.warning("open-answer metrics unavailable: %s", e)
-        return self._metrics
 
     def on_step(self, env: Any, out: dict[str, Any]) -> None:
         info = out["info"]
@@ -170,35 +154,6 @@ class EpisodeScorer:
             call["invalid"] = is_invalid_call(call, self.tool_specs)
         if out["terminated"] or out["truncated"]:
             out["score"] = score_episode(env.record, info.get("answer"), bool(info.get("format_ok")))
-            out["score_s"] = 0.0
-            out["_record_answer"] = env.record.answer
 
     def on_batch(self, outs: list[dict[str, Any]]) -> None:
-        import time
-
-        batch, references = [], []
-        for o in outs:
-            reference = o.pop("_record_answer", None)
-            if o.get("score", {}).pop("needs_open_metrics", False):
-                batch.append(o)
-                references.append(reference)
-        if not batch:
-            return
-        t0 = time.perf_counter()
-        metrics = self._open_metrics()
-        if metrics is None:
-            if self.want_open_metrics:
-                for o in batch:
-                    o["score"]["metrics_error"] = self.metrics_error
-            return
-        try:
-            rows = metrics([o["score"]["answer"] or "" for o in batch], references)
-        except Exception as e:  # noqa: BLE001 -- a metric failure costs the metrics, not the episodes
-            log.warning("open-answer metrics failed: %s", e, exc_info=True)
-            for o in batch:
-                o["score"]["metrics_error"] = f"{type(e).__name__}: {e}"
-            return
-        share = (time.perf_counter() - t0) / len(batch)
-        for o, row in zip(batch, rows):
-            o["score"]["metrics"] = row
-            o["score_s"] = share
+        """Nothing per command list: the batched work (open-answer metrics) is the harness's."""

@@ -123,6 +123,30 @@ def test_open_answers_get_the_four_armed_metrics(dataset):
     assert rows[opens[2].id]["metrics"] == {"bleu1": 0.0, "rouge1": 0.0, "bertscore": 0.0, "cossim": 0.0, "armed_avg": 0.0}
 
 
+def test_open_metrics_load_once_per_run_and_match_serial_across_workers(dataset, monkeypatch):
+    """The encoders behind the open metrics are loaded once, in the harness, however many env
+    workers run; rows measured through workers equal a serial run's."""
+    import eval.runner as runner_module
+
+    built = []
+
+    class CountedOpenMetrics(runner_module.OpenMetrics):
+        def __init__(self, **options):
+            built.append(options)
+            super().__init__(**options)
+
+    monkeypatch.setattr(runner_module, "OpenMetrics", CountedOpenMetrics)
+    agent_kw = dict(zoom=True, garbage_on=dataset[1].id)
+    serial = run(ScriptedAgent(**agent_kw), dataset, k=2, workers=0, open_metrics=True, batch_size=4)
+    workers = run(ScriptedAgent(**agent_kw), dataset, k=2, workers=2, open_metrics=True, batch_size=4)
+    assert len(built) == 2  # one per run, none in the workers
+    opens = [r for r in serial if r["answer_type"] == "OPEN"]
+    assert opens and all(set(r["metrics"]) >= {"bertscore", "cossim"} for r in opens)
+    got = {r["key"]: r["metrics"] for r in workers}
+    for r in serial:
+        assert got[r["key"]] == pytest.approx(r["metrics"], abs=1e-6)
+
+
 def test_without_open_metrics_open_answers_have_none(dataset):
     opens = dataset.filter(lambda r: r.answer_type.value == "OPEN")[:2]
     rows = run(ScriptedAgent(zoom=False, garbage_on=opens[0].id), opens, workers=0)

@@ -5,8 +5,14 @@ reward) and ``docs/training_runs/open/open.sh`` (OPEN, ARMed), and their ``metri
 are committed beside the scripts. This script turns them into named figures
 (``benchmarks/results/learning.json``) so that every number ``docs/training.md`` and the README
 quote about learning comes from the run files, and ``tests/test_doc_figures.py`` catches drift.
+The same goes for verl's trainer on CPU beside the native one (``docs/training_runs/verl_cpu/``,
+quoted in ``docs/verl.md``): held-out curves from both, and the training-side figures of the
+CLOSED verl runs (grad norm, KL loss, rollout/actor probability gap, sampled score, step time) from
+verl's ``metrics.jsonl``. One figure is not a run's: the parameter count of the ``tiny-qwen2-vl``
+policy the proofs train, counted on the model built from its config (random init, no download).
 
-    python benchmarks/bench_learning.py
+    python benchmarks/bench_learning.py            # derive, print, keep in benchmarks/results/
+    python benchmarks/bench_learning.py --quick    # derive and print only (run_all's smoke run)
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from collections import Counter
 from pathlib import Path
 
 from figures import ROOT, command_line, record, results_dir_arg
@@ -87,8 +95,9 @@ def _plot_script():
     return module
 
 
-def verl_vs_native(name: str, folder: str) -> dict[str, float | int]:
-    """Held-out accuracy and reward of the verl run and each native seed: start, end, best."""
+def verl_vs_native(name: str, folder: str, at: tuple[int, ...] = ()) -> dict[str, float | int]:
+    """Held-out accuracy and reward of the verl run and each native seed: start, end, best (and the
+    values at the evaluation steps ``at``)."""
     plot = _plot_script()
     curves = {"verl": plot.verl_curve(RUNS / folder / "verl")}
     for run in sorted((RUNS / folder).glob("native_s*")):
@@ -103,11 +112,150 @@ def verl_vs_native(name: str, folder: str) -> dict[str, float | int]:
             fig[f"{label}.{metric}.start"] = curve[steps[0]][i]
             fig[f"{label}.{metric}.end"] = curve[steps[-1]][i]
             fig[f"{label}.{metric}.best"] = max(curve[s][i] for s in steps)
+            for s in at:
+                if s in curve:
+                    fig[f"{label}.{metric}.step{s}"] = curve[s][i]
     return {f"{name}.{k}": v for k, v in fig.items()}
+
+
+# The CLOSED comparison (docs/verl.md): two SFT starts, each with a verl run and native seeds.
+VERL_CLOSED = ("verl_closed", "verl_cpu", ("sft1", "sft2"))
+EARLY = 5  # the held-out evaluation the CLOSED table shows between the start and the last one
+LAST_STEPS = 10  # "late in the run": the last this many training steps
+
+
+def _episodes_per_step(config: Path) -> int | None:
+    """``data.train_batch_size`` x ``actor_rollout_ref.rollout.n`` of a verl run's saved config."""
+    if not config.is_file():
+        return None
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    return int(cfg["data"]["train_batch_size"]) * int(cfg["actor_rollout_ref"]["rollout"]["n"])
+
+
+def verl_training(run: Path) -> dict[str, float | int | None]:
+    """What verl's ``metrics.jsonl`` says about its training steps (not the held-out evaluations):
+    steps trained, grad norm, KL loss, rollout/actor probability gap, sampled score, step time, and
+    how many sampled episodes did not answer in their first turn."""
+    rows = [r for r in read_run(run / "metrics.jsonl") if "actor/grad_norm" in r["data"]]
+    data = [r["data"] for r in rows]
+    steps = [r["step"] for r in rows]
+    fig: dict[str, float | int | None] = {"trained_steps": steps[-1]}
+    grad = [d["actor/grad_norm"] for d in data]
+    fig["grad_norm.min"], fig["grad_norm.max"] = min(grad), max(grad)
+    fig["grad_norm.median"] = statistics.median(grad)
+    kl = [d["actor/kl_loss"] for d in data]
+    fig["kl_loss.first"], fig["kl_loss.max"], fig["kl_loss.last"] = kl[0], max(kl), kl[-1]
+    fig[f"kl_loss.last{LAST_STEPS}.min"] = min(kl[-LAST_STEPS:])
+    fig[f"kl_loss.last{LAST_STEPS}.max"] = max(kl[-LAST_STEPS:])
+    # the largest per-token gap between the rollout's (vLLM) and the actor's probabilities, any step
+    fig["probs_diff.max"] = max(d["training/rollout_probs_diff_max"] for d in data)
+    fig["probs_diff.mean_max"] = max(d["training/rollout_probs_diff_mean"] for d in data)
+    score = [d["critic/score/mean"] for d in data]  # the sampled (temperature 0.7) episodes' mean score
+    fig["score.first"], fig["score.last"] = score[0], score[-1]
+    fig["score.min"], fig["score.max"] = min(score), max(score)
+    fig["score.min_step"], fig["score.max_step"] = steps[score.index(min(score))], steps[score.index(max(score))]
+    fig[f"score.first{LAST_STEPS}.mean"] = statistics.mean(score[:LAST_STEPS])
+    fig[f"score.last{LAST_STEPS}.mean"] = statistics.mean(score[-LAST_STEPS:])
+    step_s = [d["timing_s/step"] for d in data]
+    fig["step_s.min"], fig["step_s.max"] = min(step_s), max(step_s)
+    fig["step_s.median"] = statistics.median(step_s)
+    # num_turns = assistant turns + user turns + 1 (train/verl_integration/agent_loop.py): 2 when the
+    # first turn answered, 4 when it did not (a tool call or a malformed turn; verl's cap is 2 turns)
+    n = _episodes_per_step(run / "verl_config.yaml")
+    fig["episodes_per_step"] = n
+    if n is not None:
+        if any(d["num_turns/min"] < 2 or d["num_turns/max"] > 4 for d in data):
+            raise SystemExit(f"{run}: num_turns outside 2..4; the first-turn count below assumes 2 or 4")
+        second = [round((d["num_turns/mean"] - 2) * n / 2) for d in data]
+        fig["no_answer_first_turn.first"] = second[0]
+        fig["no_answer_first_turn.max"] = max(second)
+        fig["no_answer_first_turn.total"] = sum(second)
+        fig["no_answer_first_turn.episodes"] = n * len(second)
+        fig[f"no_answer_first_turn.last{LAST_STEPS}"] = sum(second[-LAST_STEPS:])
+    return fig
+
+
+def verl_answers(run: Path) -> dict[str, int | str | None]:
+    """The greedy held-out answers of a verl run (its validation episodes): how many questions each
+    evaluation had, the most distinct answers any evaluation gave, the most common answer at the
+    first and last evaluation, and the first evaluation step whose most common answer differs."""
+    steps: dict[int, Counter] = {}
+    for path in sorted((run / "episodes").glob("*.jsonl")):
+        for e in read_run(path):
+            if e.get("validate"):
+                steps.setdefault(int(e["global_steps"]), Counter())[str(e["answer"])] += 1
+    order = sorted(steps)
+    top = {s: steps[s].most_common(1)[0][0] for s in order}
+    return {"eval_episodes": sum(steps[order[0]].values()),
+            "answers.distinct_max": max(len(c) for c in steps.values()),
+            "answers.start": top[order[0]], "answers.end": top[order[-1]],
+            "answers.changed_at": next((s for s in order if top[s] != top[order[0]]), None)}
+
+
+def native_training(run: Path) -> dict[str, float | int | None]:
+    """A native seed's sampled tool calls per episode at step 1, from which step there were none, and
+    the largest share of its calls that failed."""
+    rows = [r for r in read_run(run / "metrics.jsonl") if "tools/calls_per_episode" in r]
+    calls = [(r["step"], r["tools/calls_per_episode"]) for r in rows]
+    last = max((s for s, c in calls if c > 0), default=None)  # none_from past the last step: it never stopped
+    return {"calls.first": calls[0][1], "calls.none_from": 1 if last is None else last + 1,
+            "tool_error_rate.max": max(r["tools/error_rate"] for r in rows)}
+
+
+def _label(run: str) -> str:
+    return "verl on CPU" if run == "verl" else f"native, seed {run.rsplit('_s', 1)[1]}"
+
+
+def verl_closed(name: str, folder: str, starts: tuple[str, ...]) -> dict[str, float | int | str | None]:
+    """The CLOSED verl-vs-native runs: held-out curves (``verl_vs_native``), SFT steps, training-side
+    figures of each verl run and native seed, and the comparison table ``docs/verl.md`` shows."""
+    fig: dict[str, float | int | str | None] = {}
+    rows = ["| start | run | steps trained | held-out accuracy, step 0 -> "
+            f"{EARLY} -> last evaluation | held-out reward, step 0 -> last evaluation |", "|---|---|---:|---|---|"]
+    for start in starts:
+        base = RUNS / folder / start
+        sft_steps = read_run(base / "sft" / "metrics.jsonl")[-1]["step"]
+        fig[f"{start}.sft.steps"] = sft_steps
+        fig.update({f"{start}.{k[len(name) + 1:]}": v
+                    for k, v in verl_vs_native(name, f"{folder}/{start}", at=(EARLY,)).items()})
+        fig.update({f"{start}.verl.{k}": v for k, v in verl_training(base / "verl").items()})
+        fig.update({f"{start}.verl.{k}": v for k, v in verl_answers(base / "verl").items()})
+        for seed in sorted(base.glob("native_s*")):
+            fig.update({f"{start}.{seed.name}.{k}": v for k, v in native_training(seed).items()})
+            fig[f"{start}.{seed.name}.trained_steps"] = read_run(seed / "metrics.jsonl")[-1]["step"]
+        for run in ["verl"] + sorted(p.name for p in base.glob("native_s*")):
+            f = {k[len(f"{start}.{run}."):]: v for k, v in fig.items() if k.startswith(f"{start}.{run}.")}
+            last = f["steps"]
+            at_last = "" if last == f["trained_steps"] else f" (step {last})"
+            early = f"{f[f'accuracy.step{EARLY}']:.3f}" if f"accuracy.step{EARLY}" in f else "n/a"
+            rows.append(f"| SFT {sft_steps} steps (`{start}`) | {_label(run)} | {f['trained_steps']} | "
+                        f"{f['accuracy.start']:.3f} -> {early} -> {f['accuracy.end']:.3f}{at_last} | "
+                        f"{f['reward.start']:.3f} -> {f['reward.end']:.3f}{at_last} |")
+    ends = [v for k, v in fig.items() if k.endswith(".accuracy.end")]
+    fig["accuracy.end_min"], fig["accuracy.end_max"] = min(ends), max(ends)
+    fig["table"] = "\n".join(rows)
+    return {f"{name}.{k}": v for k, v in fig.items()}
+
+
+TINY_POLICY = "tiny-qwen2-vl"  # the policy of the learning proofs (docs/training.md, README)
+
+
+def policy_parameters(name: str = TINY_POLICY) -> int:
+    """Parameters of the tiny policy the proofs train, counted on the model its config builds."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from agents.models import build_tiny_vlm
+
+    model, _ = build_tiny_vlm(name)
+    return sum(p.numel() for p in model.parameters())
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="derive and print the figures, keep nothing (run_all's "
+                    "smoke run)")
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
     args = ap.parse_args(argv)
     figures: dict = {}
@@ -121,13 +269,16 @@ def main(argv: list[str] | None = None) -> None:
                     f"{f[name + '.metric.end_std']:.3f} | {f[name + '.metric.end_seeds']} | {f[name + '.learned']} |")
     if (RUNS / VERL_VS_NATIVE[1] / "verl").is_dir():
         figures.update(verl_vs_native(*VERL_VS_NATIVE))
+    if all((RUNS / VERL_CLOSED[1] / start / "verl").is_dir() for start in VERL_CLOSED[2]):
+        figures.update(verl_closed(*VERL_CLOSED))
+    figures[f"policy.{TINY_POLICY.replace('-', '_')}.parameters"] = policy_parameters()
     section = "\n".join([
         "## Learning (from the committed run data)", "",
         "Held-out (greedy) metric at step 0 and at the last step of each GRPO seed; a seed *learned* when",
         f"it ends more than {LEARNED_BY} above the start. Scripts: `docs/training_runs/exp3/closed.sh`,",
         "`docs/training_runs/open/open.sh`; discussion in `docs/training.md`.", "", *rows, ""])
     record("learning", section, figures, command_line("bench_learning.py", argv),
-           results_dir_arg(False, args.results))
+           results_dir_arg(args.quick, args.results))
 
 
 if __name__ == "__main__":

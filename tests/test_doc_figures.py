@@ -108,6 +108,12 @@ def test_a_quick_run_keeps_no_results_unless_told_where():
     assert figures.results_dir_arg(True, "/tmp/x") == Path("/tmp/x")
 
 
+def test_every_benchmark_takes_quick():
+    """``run_all.py --quick`` passes ``--quick`` to every ``bench_*.py``: each must accept it."""
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        assert '"--quick"' in script.read_text(), f"{script.name} has no --quick option (run_all.py --quick passes one)"
+
+
 def test_paths_in_docs_are_found_in_code_spans_and_links_only():
     text = "Run `tests/eval/test_nope.py` (see [data](docs/training_runs/)); eval/accuracy, `tests/test_*.py`"
     assert figures.named_paths(text) == ["tests/eval/test_nope.py", "docs/training_runs"]
@@ -124,6 +130,33 @@ def test_learning_figures_are_what_the_committed_run_files_say(tmp_path, monkeyp
     fresh = json.loads((tmp_path / "learning.json").read_text())["figures"]
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
     assert fresh == recorded
+
+
+def test_the_verl_closed_figures_are_what_verls_run_files_say():
+    """Spot checks of ``learning.verl_closed.*`` (docs/verl.md's CLOSED comparison), read straight from
+    the committed verl and native run files, independent of ``bench_learning.py``'s helpers."""
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
+    runs = ROOT / "docs" / "training_runs" / "verl_cpu"
+    for start in ("sft1", "sft2"):
+        rows = [json.loads(line) for line in (runs / start / "verl" / "metrics.jsonl").read_text().splitlines()]
+        train = [r["data"] for r in rows if "actor/grad_norm" in r["data"]]
+        key = f"verl_closed.{start}.verl."
+        assert recorded[key + "trained_steps"] == rows[-1]["step"]
+        assert recorded[key + "grad_norm.max"] == max(d["actor/grad_norm"] for d in train)
+        assert recorded[key + "probs_diff.max"] == max(d["training/rollout_probs_diff_max"] for d in train)
+        assert recorded[key + "score.first"] == train[0]["critic/score/mean"]
+        assert recorded[key + "step_s.max"] == max(d["timing_s/step"] for d in train)
+        val = [r["data"] for r in rows if "val-core/medvqa/embedded/acc/mean@1" in r["data"]]  # verl's own summary
+        assert recorded[key + "accuracy.start"] == pytest.approx(val[0]["val-core/medvqa/embedded/acc/mean@1"])
+        assert recorded[key + "accuracy.end"] == pytest.approx(val[-1]["val-core/medvqa/embedded/acc/mean@1"])
+        sft = (runs / start / "sft" / "metrics.jsonl").read_text().splitlines()
+        assert recorded[f"verl_closed.{start}.sft.steps"] == json.loads(sft[-1])["step"]
+        for seed in sorted((runs / start).glob("native_s*")):
+            native = [json.loads(line) for line in (seed / "metrics.jsonl").read_text().splitlines()]
+            evals = [r for r in native if "eval/accuracy" in r]
+            assert recorded[f"verl_closed.{start}.{seed.name}.accuracy.end"] == evals[-1]["eval/accuracy"]
+            assert recorded[f"verl_closed.{start}.{seed.name}.calls.first"] == native[1]["tools/calls_per_episode"]
+    assert "| SFT 60 steps (`sft1`) | verl on CPU | 30 |" in recorded["verl_closed.table"]
 
 
 def _bench_module(name: str, monkeypatch):

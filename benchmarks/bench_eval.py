@@ -9,8 +9,9 @@ envs of one stepped while the agent "thinks" about the other (each ``act_batch``
 the batch of 32), so the env work should hide behind the agent's time.
 "CPU cores busy" = (CPU seconds of this process + its workers) / wall seconds. Every row runs
 ``--reps`` times (rows of a group alternate order), and ratios are reported as min / median.
-Open-answer metrics are off except in the last group, the default evaluation setup, where each
-process scores its finished OPEN episodes with the MiniLM encoder.
+Open-answer metrics are off except in the last group, the default evaluation setup, where the
+harness's process measures the finished OPEN episodes of each round in one batch with the MiniLM
+encoders (loaded once per run, however many workers).
 
     python benchmarks/bench_eval.py [--quick] [--vqa-rad ../shared/data/vqa_rad]
 """
@@ -150,15 +151,18 @@ def main(argv: list[str] | None = None) -> str:
         "serial run, reported as min / median. *Total* includes starting the worker processes (each imports the "
         "env stack; also shown alone); *steady* leaves that out. "
         f"{os.cpu_count()} CPU cores, load average {load:.1f} at the end (the machine is shared: other jobs "
-        "compete for the same cores).",
+        "compete for the same cores). *Bound*: the highest total ratio this row's CPU time per episode allows "
+        f"on {os.cpu_count()} cores (cores × the serial run's wall time per episode ÷ this row's CPU time per "
+        "episode, medians): how far the row can go on this box whatever the scheduling.",
         "",
         "| setup | episodes/s total, median (min–max) | ratio total, min / median | episodes/s steady, median | "
         "ratio steady, min / median | worker start s | CPU cores busy | main CPU ms/ep | worker CPU ms/ep | "
-        "mean act_batch | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "bound | mean act_batch | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g, rows in groups.items():
         base = runs[(g, rows[0].key)]
+        base_wall_ms = med(1e3 / b["eps"] for b in base)
         for key, label, *_ in rows:
             rs = runs[(g, key)]
             ratio = [r["eps"] / b["eps"] for r, b in zip(rs, base)]
@@ -170,11 +174,13 @@ def main(argv: list[str] | None = None) -> str:
                  "cores": med(r["cores"] for r in rs), "main_ms": med(r["main_ms"] for r in rs),
                  "worker_ms": med(r["worker_ms"] for r in rs), "mean_batch": med(r["mean_batch"] for r in rs),
                  "errors": sum(r["errors"] for r in rs)}
+            f["cpu_bound"] = (os.cpu_count() or 1) * base_wall_ms / (f["main_ms"] + f["worker_ms"])
             figures.update({f"{g}.{key}.{name}": v for name, v in f.items()})
             lines.append(f"| {label} | {f['rate']:.1f} ({f['rate_min']:.1f}–{f['rate_max']:.1f}) | "
                          f"{f['ratio_min']:.2f} / {f['ratio']:.2f} | {f['steady_rate']:.1f} | "
                          f"{f['steady_ratio_min']:.2f} / {f['steady_ratio']:.2f} | {f['start_s']:.2f} | {f['cores']:.2f} | "
-                         f"{f['main_ms']:.1f} | {f['worker_ms']:.1f} | {f['mean_batch']:.1f} | {f['errors']} |")
+                         f"{f['main_ms']:.1f} | {f['worker_ms']:.1f} | {f['cpu_bound']:.2f} | {f['mean_batch']:.1f} | "
+                         f"{f['errors']} |")
     lines.append("")
     section = "\n".join(lines)
     record("eval", section, figures, cmd, results_dir_arg(args.quick, args.results))

@@ -6,10 +6,12 @@ are committed beside the scripts. This script turns them into named figures
 (``benchmarks/results/learning.json``) so that every number ``docs/training.md`` and the README
 quote about learning comes from the run files, and ``tests/test_doc_figures.py`` catches drift.
 The same goes for verl's trainer on CPU beside the native one (``docs/training_runs/verl_cpu/``,
-quoted in ``docs/verl.md``): held-out curves from both, and the training-side figures of the
-CLOSED verl runs (grad norm, KL loss, rollout/actor probability gap, sampled score, step time) from
-verl's ``metrics.jsonl``. One figure is not a run's: the parameter count of the ``tiny-qwen2-vl``
-policy the proofs train, counted on the model built from its config (random init, no download).
+quoted in ``docs/verl.md``): held-out curves from both, the training-side figures of the CLOSED
+verl runs and of the 15-step OPEN one (grad norm, KL loss, rollout/actor probability gap, sampled
+score, step time) from verl's ``metrics.jsonl``, and for that OPEN run its held-out answers and the
+ARMed thresholds they were scored with, and the reward state of verl's last checkpoint. One figure
+is not a run's: the parameter count of the ``tiny-qwen2-vl`` policy the proofs train, counted on the
+model built from its config (random init, no download).
 
     python benchmarks/bench_learning.py            # derive, print, keep in benchmarks/results/
     python benchmarks/bench_learning.py --quick    # derive and print only (run_all's smoke run)
@@ -37,6 +39,7 @@ SETTINGS = [
      "OPEN, ARMed, `ground=oracle`, from a 150-step SFT"),
 ]
 LEARNED_BY = 0.05  # a seed "learned" when its held-out metric ends this far above the start
+LAST_STEPS = 10  # "late in the run": the last this many training steps
 
 
 def read_run(path: Path) -> list[dict]:
@@ -68,6 +71,13 @@ def summarise(name: str, folder: str, key: str) -> dict[str, float | int | str]:
     walls = [r["time/wall_s"] for r in last if "time/wall_s" in r]
     if walls:
         fig["wall_s.min"], fig["wall_s.max"] = min(walls), max(walls)
+    # sampled (temperature 0.7) tool calls per training episode: step 1 and the last steps (mean over
+    # seeds), and the most in any step of any seed
+    sampled = [[r["tools/calls_per_episode"] for r in read_run(p) if "tools/calls_per_episode" in r] for p in runs]
+    if all(sampled):
+        fig["sampled_calls.first"] = statistics.mean(s[0] for s in sampled)
+        fig[f"sampled_calls.last{LAST_STEPS}"] = statistics.mean(statistics.mean(s[-LAST_STEPS:]) for s in sampled)
+        fig["sampled_calls.max"] = max(max(s) for s in sampled)
     thresholds = [[r for r in read_run(p) if "reward/threshold_bertscore" in r] for p in runs]
     if all(thresholds):
         fig["threshold_bertscore.first"] = statistics.mean(t[0]["reward/threshold_bertscore"] for t in thresholds)
@@ -112,6 +122,9 @@ def verl_vs_native(name: str, folder: str, at: tuple[int, ...] = ()) -> dict[str
             fig[f"{label}.{metric}.start"] = curve[steps[0]][i]
             fig[f"{label}.{metric}.end"] = curve[steps[-1]][i]
             fig[f"{label}.{metric}.best"] = max(curve[s][i] for s in steps)
+            fig[f"{label}.{metric}.best_step"] = next(s for s in steps if curve[s][i] == fig[f"{label}.{metric}.best"])
+            # how far the held-out metric moved from its start at any later evaluation
+            fig[f"{label}.{metric}.max_dev"] = max(abs(curve[s][i] - curve[steps[0]][i]) for s in steps)
             for s in at:
                 if s in curve:
                     fig[f"{label}.{metric}.step{s}"] = curve[s][i]
@@ -121,7 +134,6 @@ def verl_vs_native(name: str, folder: str, at: tuple[int, ...] = ()) -> dict[str
 # The CLOSED comparison (docs/verl.md): two SFT starts, each with a verl run and native seeds.
 VERL_CLOSED = ("verl_closed", "verl_cpu", ("sft1", "sft2"))
 EARLY = 5  # the held-out evaluation the CLOSED table shows between the start and the last one
-LAST_STEPS = 10  # "late in the run": the last this many training steps
 
 
 def _episodes_per_step(config: Path) -> int | None:
@@ -239,6 +251,88 @@ def verl_closed(name: str, folder: str, starts: tuple[str, ...]) -> dict[str, fl
     return {f"{name}.{k}": v for k, v in fig.items()}
 
 
+def verl_open_sft60(name: str, folder: str) -> dict[str, float | int | str | None]:
+    """The OPEN comparison from the 60-step SFT (``VERL_VS_NATIVE``): held-out curves, and the run's
+    SFT steps, verl's GRPO steps trained and step times (it ran alone on the idle machine), and the
+    held-out questions."""
+    base = RUNS / folder
+    fig = verl_vs_native(name, folder)
+    fig[f"{name}.sft.steps"] = read_run(base / "sft" / "metrics.jsonl")[-1]["step"]
+    training = verl_training(base / "verl")
+    for k in ("trained_steps", "step_s.min", "step_s.max", "step_s.median"):
+        fig[f"{name}.verl.{k}"] = training[k]
+    fig[f"{name}.verl.eval_episodes"] = verl_answers(base / "verl")["eval_episodes"]
+    return fig
+
+
+# The first OPEN comparison (docs/verl.md): scripts/train_verl_cpu.sh's own 40-step SFT, 15 GRPO steps.
+VERL_OPEN_SHORT = ("verl_open_sft40", "verl_cpu/open", (5, 10))
+
+
+def verl_held_out_episodes(run: Path) -> dict[str, float | int]:
+    """What verl's greedy held-out episodes say beyond accuracy and reward: tool calls, and whether the
+    reward moved because the answers did or because ARMed's thresholds did -- the evaluations after
+    the first whose answers or raw similarity scores differ from the first's, and the thresholds in
+    force at the evaluations."""
+    steps: dict[int, dict[str, tuple]] = {}
+    calls, thresholds = 0, []
+    for path in sorted((run / "episodes").glob("*.jsonl")):
+        for e in read_run(path):
+            if not e.get("validate"):
+                continue
+            c = e["reward_components"]
+            steps.setdefault(int(e["global_steps"]), {})[e["record_id"]] = (e["answer"], c["bertscore"], c["cosine"])
+            calls += e["num_tool_calls"]
+            thresholds.append((c["threshold_bertscore"], c["threshold_cosine"]))
+    order = sorted(steps)
+    return {"eval_tool_calls": calls, "evaluations": len(order),
+            "answers.changed_evaluations": sum(steps[s] != steps[order[0]] for s in order[1:]),
+            "eval_threshold_bertscore.min": min(t[0] for t in thresholds),
+            "eval_threshold_bertscore.max": max(t[0] for t in thresholds),
+            "eval_threshold_cosine.min": min(t[1] for t in thresholds),
+            "eval_threshold_cosine.max": max(t[1] for t in thresholds)}
+
+
+def reward_state(path: Path, answer_type: str = "OPEN") -> dict[str, float | int]:
+    """The ARMed state verl's last checkpoint kept (``medvqa_reward_state.json``): threshold updates,
+    last batch id, thresholds."""
+    state = json.loads(path.read_text())[answer_type]["thresholds"]
+    return {"updates": state["updates"], "last_batch_id": state["last_batch_id"],
+            **{f"threshold_{k}": v for k, v in state["thresholds"].items()}}
+
+
+def verl_open_short(name: str, folder: str, at: tuple[int, ...]) -> dict[str, float | int | str | None]:
+    """The 15-step OPEN verl-vs-native runs: held-out curves at each evaluation, SFT steps, verl's
+    training-side figures and held-out episodes, its reward state, the native seeds' training-side
+    figures, and the table ``docs/verl.md`` shows."""
+    base = RUNS / folder
+    fig: dict[str, float | int | str | None] = {"sft.steps": read_run(base / "sft" / "metrics.jsonl")[-1]["step"]}
+    fig.update({k[len(name) + 1:]: v for k, v in verl_vs_native(name, folder, at=at).items()})
+    fig.update({f"verl.{k}": v for k, v in verl_training(base / "verl").items()})
+    fig.update({f"verl.{k}": v for k, v in verl_answers(base / "verl").items()})
+    fig.update({f"verl.{k}": v for k, v in verl_held_out_episodes(base / "verl").items()})
+    state = reward_state(base / "verl" / "medvqa_reward_state.json")
+    fig.update({f"verl.reward_state.{k}": v for k, v in state.items()})
+    natives = sorted(p.name for p in base.glob("native_s*"))
+    for seed in natives:
+        rows = [r for r in read_run(base / seed / "metrics.jsonl") if "tools/calls_per_episode" in r]
+        fig.update({f"{seed}.{k}": v for k, v in native_training(base / seed).items()})
+        fig[f"{seed}.trained_steps"] = rows[-1]["step"]
+        fig[f"{seed}.calls.max"] = max(r["tools/calls_per_episode"] for r in rows)
+        fig[f"{seed}.threshold_bertscore.last"] = rows[-1]["reward/threshold_bertscore"]
+        fig[f"{seed}.threshold_cosine.last"] = rows[-1]["reward/threshold_cosine"]
+    evals = [0, *at, fig["verl.steps"]]
+    rows = ["| run (same SFT start) | held-out accuracy, step " + " -> ".join(map(str, evals))
+            + " | held-out reward (ARMed for OPEN), step " + " -> ".join(map(str, evals)) + " |", "|---|---|---|"]
+    for run in ["verl", *natives]:
+        f = {k[len(run) + 1:]: v for k, v in fig.items() if k.startswith(f"{run}.")}
+        cells = [" -> ".join(f"{f[k]:.3f}" for k in (f"{m}.start", *(f"{m}.step{s}" for s in at), f"{m}.end"))
+                 for m in ("accuracy", "reward")]
+        rows.append(f"| {_label(run)} | {cells[0]} | {cells[1]} |")
+    fig["table"] = "\n".join(rows)
+    return {f"{name}.{k}": v for k, v in fig.items()}
+
+
 TINY_POLICY = "tiny-qwen2-vl"  # the policy of the learning proofs (docs/training.md, README)
 
 
@@ -268,7 +362,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"{f[name + '.metric.start']:.3f} | {f[name + '.metric.end_mean']:.3f} ± "
                     f"{f[name + '.metric.end_std']:.3f} | {f[name + '.metric.end_seeds']} | {f[name + '.learned']} |")
     if (RUNS / VERL_VS_NATIVE[1] / "verl").is_dir():
-        figures.update(verl_vs_native(*VERL_VS_NATIVE))
+        figures.update(verl_open_sft60(*VERL_VS_NATIVE))
+    if (RUNS / VERL_OPEN_SHORT[1] / "verl").is_dir():
+        figures.update(verl_open_short(*VERL_OPEN_SHORT))
     if all((RUNS / VERL_CLOSED[1] / start / "verl").is_dir() for start in VERL_CLOSED[2]):
         figures.update(verl_closed(*VERL_CLOSED))
     figures[f"policy.{TINY_POLICY.replace('-', '_')}.parameters"] = policy_parameters()

@@ -159,6 +159,47 @@ def test_the_verl_closed_figures_are_what_verls_run_files_say():
     assert "| SFT 60 steps (`sft1`) | verl on CPU | 30 |" in recorded["verl_closed.table"]
 
 
+def test_the_verl_open_figures_are_what_verls_run_files_say():
+    """Spot checks of ``learning.verl_open_sft40.*`` (docs/verl.md's 15-step OPEN comparison) and of the
+    sampled tool calls quoted in docs/training.md, read straight from the committed run files,
+    independent of ``bench_learning.py``'s helpers."""
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
+    run = ROOT / "docs" / "training_runs" / "verl_cpu" / "open"
+    rows = [json.loads(line) for line in (run / "verl" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "actor/grad_norm" in r["data"]]
+    key = "verl_open_sft40.verl."
+    assert recorded[key + "trained_steps"] == rows[-1]["step"]
+    assert recorded[key + "grad_norm.min"] == min(r["data"]["actor/grad_norm"] for r in train)
+    assert recorded[key + "grad_norm.max"] == max(r["data"]["actor/grad_norm"] for r in train)
+    assert recorded[key + "kl_loss.max"] == max(r["data"]["actor/kl_loss"] for r in train)
+    assert recorded[key + "probs_diff.max"] == max(r["data"]["training/rollout_probs_diff_max"] for r in train)
+    best = max(train, key=lambda r: r["data"]["critic/score/mean"])
+    assert recorded[key + "score.max"] == best["data"]["critic/score/mean"]
+    assert recorded[key + "score.max_step"] == best["step"]
+    val = [r["data"] for r in rows if "val-core/medvqa/embedded/acc/mean@1" in r["data"]]  # verl's own summary
+    assert recorded[key + "accuracy.start"] == pytest.approx(val[0]["val-core/medvqa/embedded/acc/mean@1"])
+    assert recorded[key + "reward.start"] == pytest.approx(val[0]["val-aux/medvqa/embedded/reward/mean@1"])
+    assert recorded[key + "reward.end"] == pytest.approx(val[-1]["val-aux/medvqa/embedded/reward/mean@1"])
+    episodes = [json.loads(line) for line in (run / "verl" / "episodes" / "validation.jsonl").read_text().splitlines()]
+    assert recorded[key + "answers.distinct_max"] == max(
+        len({e["answer"] for e in episodes if e["global_steps"] == s}) for s in {e["global_steps"] for e in episodes})
+    assert recorded[key + "eval_tool_calls"] == sum(e["num_tool_calls"] for e in episodes)
+    state = json.loads((run / "verl" / "medvqa_reward_state.json").read_text())["OPEN"]["thresholds"]
+    assert recorded[key + "reward_state.updates"] == state["updates"]
+    assert recorded[key + "reward_state.threshold_bertscore"] == state["thresholds"]["bertscore"]
+    native = [json.loads(line) for line in (run / "native_s0" / "metrics.jsonl").read_text().splitlines()]
+    assert recorded["verl_open_sft40.native_s0.calls.max"] == max(
+        r["tools/calls_per_episode"] for r in native if "tools/calls_per_episode" in r)
+    sft = (run / "sft" / "metrics.jsonl").read_text().splitlines()
+    assert recorded["verl_open_sft40.sft.steps"] == json.loads(sft[-1])["step"]
+    assert "| verl on CPU | 0.140 -> 0.140 -> 0.140 -> 0.140 |" in recorded["verl_open_sft40.table"]
+    seeds = sorted((ROOT / "docs" / "training_runs" / "open" / "classical").glob("grpo_s*/metrics.jsonl"))
+    calls = [[json.loads(line)["tools/calls_per_episode"] for line in p.read_text().splitlines()
+              if "tools/calls_per_episode" in line] for p in seeds]
+    assert recorded["open_classical.sampled_calls.first"] == pytest.approx(sum(c[0] for c in calls) / len(calls))
+    assert recorded["open_classical.sampled_calls.max"] == max(max(c) for c in calls)
+
+
 def _bench_module(name: str, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")

@@ -2,7 +2,7 @@
 # verl's own trainer on CPU beside the native trainer, OPEN questions with ARMed, from the same
 # 60-step SFT warm start (docs/verl.md, "A learning curve from verl itself"). Run from the
 # repository root after scripts/setup.sh and scripts/setup_verl_cpu.sh; one verl run at a time
-# (about 8 GiB). R: the run folder.
+# (it needs several GiB of memory). R: the run folder.
 set -euo pipefail
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
 R=${R:-runs/vc_open}

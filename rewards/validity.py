@@ -148,27 +148,47 @@ def evaluate(pairs, reward=None) -> dict[str, float]:
             for k, v in scores.items()}
 
 
+SCORERS = {"armed": "ARMed total", "exact_match": "exact match", "bleu1": "bleu1", "rouge1": "rouge1",
+           "bertscore": "bertscore", "cosine": "cosine", "r_c": "R_c (lexical)", "r_as": "R_as (adaptive semantic)"}
+
+
+def measure(root: Path, limit: int | None, negatives: int) -> dict:
+    """ROC AUCs of every scorer against other questions' answers (``other``) and one-word near
+    misses (``near``), with the pair counts behind them."""
+    answers = load_open_answers(Path(root), limit or None)
+    easy, hard = build_pairs(answers, negatives), build_pairs(answers, negatives, hard=True)
+    n_pos, n_pos_hard = sum(y for *_, y in easy), sum(y for *_, y in hard)
+    return {"answers": len(answers), "other": evaluate(easy), "near": evaluate(hard),
+            "other_pairs": {"positive": n_pos, "negative": len(easy) - n_pos},
+            "near_pairs": {"positive": n_pos_hard, "negative": len(hard) - n_pos_hard}}
+
+
+def table(result: dict) -> str:
+    """The AUC table (Markdown) of :func:`measure`'s result."""
+    lines = ["| scorer | ROC AUC, other answers | ROC AUC, near misses |", "| --- | --- | --- |"]
+    for key, name in SCORERS.items():
+        lines.append(f"| {name} | {result['other'][key]:.3f} | {result['near'][key]:.3f} |")
+    return "\n".join(lines)
+
+
+def describe(result: dict, command: str) -> str:
+    """One paragraph: the command and what was scored."""
+    o, n = result["other_pairs"], result["near_pairs"]
+    return (f"`{command}` -- {result['answers']} distinct OPEN answers. Positives: each answer against itself and "
+            f"its light paraphrases. *Other answers*: {o['positive']} positive vs {o['negative']} negative pairs "
+            f"(other questions' answers). *Near misses*: the {n['positive']} positive pairs of answers that contain "
+            f"a flippable word vs {n['negative']} one-word flips (left/right, CT/MRI, T1/T2, ...).")
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description="ROC AUC of open-answer rewards on VQA-RAD")
     p.add_argument("--vqa-rad", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "vqa_rad"))
     p.add_argument("--limit", type=int, default=300, help="distinct OPEN answers to use (0 = all)")
     p.add_argument("--negatives", type=int, default=3, help="other answers per ground truth")
     args = p.parse_args(argv)
-    answers = load_open_answers(Path(args.vqa_rad), args.limit or None)
-    easy, hard = build_pairs(answers, args.negatives), build_pairs(answers, args.negatives, hard=True)
-    auc, auc_hard = evaluate(easy), evaluate(hard)
-    n_pos, n_pos_hard = sum(y for *_, y in easy), sum(y for *_, y in hard)
-    lines = ["## Open-answer reward validity (VQA-RAD)", "",
-             f"`python -m rewards.validity --limit {args.limit} --negatives {args.negatives}` -- "
-             f"{len(answers)} distinct OPEN answers. Positives: each answer against itself and its light "
-             f"paraphrases. *Other answers*: {n_pos} positive vs {len(easy) - n_pos} negative pairs (other "
-             f"questions' answers). *Near misses*: the {n_pos_hard} positive pairs of answers that contain a "
-             f"flippable word vs {len(hard) - n_pos_hard} one-word flips (left/right, CT/MRI, T1/T2, ...).", "",
-             "| scorer | ROC AUC, other answers | ROC AUC, near misses |", "| --- | --- | --- |"]
-    names = {"armed": "ARMed total", "exact_match": "exact match", "r_c": "R_c (lexical)", "r_as": "R_as (adaptive semantic)"}
-    for k in ["armed", "exact_match", "bleu1", "rouge1", "bertscore", "cosine", "r_c", "r_as"]:
-        lines.append(f"| {names.get(k, k)} | {auc[k]:.3f} | {auc_hard[k]:.3f} |")
-    text = "\n".join(lines)
+    result = measure(Path(args.vqa_rad), args.limit, args.negatives)
+    command = f"python -m rewards.validity --limit {args.limit} --negatives {args.negatives}"
+    text = "\n".join(["## Open-answer reward validity (VQA-RAD)", "", describe(result, command), "", table(result)])
     print(text)
     return text
 

@@ -31,3 +31,16 @@ def test_armed_beats_exact_match_on_vqa_rad(vqa_rad_root, minilm):
     auc = evaluate(pairs, ARMedReward(token_encoder=minilm))
     assert auc["armed"] > auc["exact_match"] and auc["armed"] > 0.9
     assert set(auc) >= {"bleu1", "rouge1", "bertscore", "cosine", "r_c", "r_as"}
+
+
+@pytest.mark.data
+def test_measure_counts_its_pairs_and_tables_every_scorer(vqa_rad_root):
+    from rewards.validity import SCORERS, describe, measure, table
+
+    result = measure(vqa_rad_root, 20, negatives=1)
+    assert result["answers"] == 20
+    assert result["other_pairs"]["positive"] > 20 and result["other_pairs"]["negative"] >= 19
+    assert set(result["other"]) >= set(SCORERS) and set(result["near"]) >= set(SCORERS)
+    rows = table(result).splitlines()[2:]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == list(SCORERS.values())
+    assert f"{result['answers']} distinct OPEN answers" in describe(result, "cmd")

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from agents.base import Agent
 from medvqa_env.chat import Conversation
+from medvqa_env.images import LazyImage
 from medvqa_env.records import VQADataset, VQARecord
 from medvqa_env.pool import EnvPool, PoolSpec
 from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
@@ -41,6 +42,8 @@ from eval.summary import EvalSummary
 
 log = logging.getLogger(__name__)
 
+EXPIRED_IMAGE = ("this episode is over and its images' shared memory is reused; an agent that keeps a "
+                 "conversation's images past its episode must read them (np.asarray, .copy()) before it ends")
 Judge = Callable[[str, str, str], Mapping[str, Any]]  # (question, ground_truth, prediction) -> {"correct", "reason"}
 
 
@@ -308,6 +311,10 @@ class Runner:
             a second row with the same key (the last row of a key wins when loading)."""
             row = self._row(ep, final, error)
             free[ep.wave][ep.worker].append(ep.slot)
+            if cfg.workers and ep.conversation is not None:  # its images are views the slot's next episode overwrites
+                for image in ep.conversation.images:
+                    if isinstance(image, LazyImage):
+                        image.expire(EXPIRED_IMAGE)
             if cfg.open_metrics and (final or {}).get("score", {}).get("needs_open_metrics"):
                 unmeasured.append(row)
             if judge_pool is not None and row["error"] is None:

@@ -320,6 +320,16 @@ class LazyImage(Image.Image):
     def drawn(self) -> bool:
         return self._im is not None
 
+    def expire(self, reason: str) -> None:
+        """If the pixels were never drawn, drawing them from now on raises ``RuntimeError(reason)``
+        (their source is gone: e.g. shared memory that another episode reuses)."""
+        with self._draw_lock:
+            if self._im is None:
+                def gone() -> Image.Image:
+                    raise RuntimeError(reason)
+
+                self._draw = gone
+
     @property
     def im(self):
         if self._im is None:

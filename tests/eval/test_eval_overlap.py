@@ -138,3 +138,39 @@ def test_workers_show_the_agent_the_same_pixels_as_serial(dataset, overlap):
     assert workers.seen == serial.seen
     assert len(serial.seen) == 3 * len(dataset)  # every episode: zoom, then answer with two images
     assert all(len(images) == 2 for images in serial.seen.values())
+
+
+class ImageKeepingAgent(ScriptedAgent):
+    """Keeps every conversation's first image; reads the pixels of every other one at once."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.kept = []
+
+    def act_batch(self, conversations):
+        import numpy as np
+
+        for i, conv in enumerate(conversations):
+            if conv.turns == 0:
+                self.kept.append((i % 2 == 0, conv.images[0]))
+                if i % 2 == 1:
+                    np.asarray(conv.images[0])  # read while the episode is live
+        return super().act_batch(conversations)
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_an_image_kept_past_its_episode_is_a_clear_error_not_another_episodes_pixels(dataset, workers):
+    import numpy as np
+
+    agent = ImageKeepingAgent()
+    run(agent, dataset, k=2, workers=workers, batch_size=3)
+    unread = [im for never_read, im in agent.kept if never_read]
+    read = [im for never_read, im in agent.kept if not never_read]
+    assert unread and read
+    assert all(np.asarray(im).shape[2] == 3 for im in read)  # read in time: still there
+    for im in unread:
+        if workers:
+            with pytest.raises(RuntimeError, match="episode is over"):
+                np.asarray(im)
+        else:  # envs in this process hand over copies
+            assert np.asarray(im).shape[2] == 3

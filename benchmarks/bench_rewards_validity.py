@@ -24,7 +24,7 @@ from figures import command_line, record, results_dir_arg  # noqa: E402  (benchm
 from rewards.validity import SCORERS, describe, measure, table  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> str:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "vqa_rad"))
@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> str:
                     "none with --quick)")
     args = ap.parse_args(argv)
     if not (Path(args.vqa_rad) / "qa.jsonl").is_file():
-        print(f"no VQA-RAD at {args.vqa_rad}: nothing measured, previous results kept", file=sys.stderr)
-        sys.exit(1)
+        print(f"VQA-RAD is not under {args.vqa_rad!r} (no qa.jsonl): nothing measured, no results written. "
+              "Put the dataset there (docs/datasets.md) or pass --vqa-rad.", file=sys.stderr)
+        return 1
     result = measure(Path(args.vqa_rad), 60 if args.quick else 0, args.negatives)
     cmd = command_line("bench_rewards_validity.py", argv)
     figures: dict = {"answers": result["answers"], "table": table(result)}
@@ -43,8 +44,8 @@ def main(argv: list[str] | None = None) -> str:
         figures.update({f"{kind}_pairs.{sign}": n for sign, n in result[f"{kind}_pairs"].items()})
     section = "\n".join(["## Open-answer reward validity (VQA-RAD)", "", describe(result, cmd), "", table(result), ""])
     record("rewards_validity", section, figures, cmd, results_dir_arg(args.quick, args.results))
-    return section
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

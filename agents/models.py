@@ -363,6 +363,20 @@ def read_run_file(folder: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{str(path)!r} is not valid JSON: {e}") from None
 
 
+def saved_prompt_override(run: dict[str, Any]) -> str | None:
+    """The prompt a saved model replaces the env's with: the trainer's ``--system-prompt`` or
+    demo prompt. A model trained on the env's own prompt (``system_prompt_source: "env"``; the
+    text is recorded for the record) gets the env's prompt at evaluation too, built from the
+    evaluation's tools and turns (``eval.run`` warns where those differ from training).
+
+    >>> saved_prompt_override({"system_prompt": "Short.", "system_prompt_source": "override"})
+    'Short.'
+    >>> saved_prompt_override({"system_prompt": "You are ...", "system_prompt_source": "env"}) is None
+    True
+    """
+    return None if run.get("system_prompt_source") == "env" else run.get("system_prompt")
+
+
 HUB_ID = __import__("re").compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -440,7 +454,7 @@ def load_policy(name_or_path: str | os.PathLike, *, dtype: str | torch.dtype | N
         model, kind = model.to(dtype), "vlm"
     elif Path(name).expanduser().is_dir():
         folder = Path(name).expanduser()
-        saved_prompt = read_run_file(folder).get("system_prompt")
+        saved_prompt = saved_prompt_override(read_run_file(folder))
         if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
             model, encoder, kind = load_adapter(folder, dtype, seed)
         else:

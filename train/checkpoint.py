@@ -3,7 +3,8 @@
 A checkpoint is a folder ``<out>/checkpoints/step_<N>/`` that is an ordinary Hugging Face model
 folder -- ``model.safetensors`` + ``config.json`` (or, under LoRA, a PEFT adapter folder:
 ``adapter_model.safetensors`` + ``adapter_config.json`` naming its base), the tokenizer and image
-processor, and ``medvqa_run.json`` (the system prompt and the resolved run config) -- so
+processor, and ``medvqa_run.json`` (the system prompt actually shown, the env settings and chat
+rendering it was trained with -- :func:`trained_settings` -- and the resolved run config) -- so
 ``eval.run --agent vlm --agent-opt model=<out>/checkpoints/step_<N>`` loads it as it is. Beside
 the model, ``trainer_state/`` holds what resuming needs: ``optimizer.pt``, ``rng.pt`` and
 ``state.json`` (step, running accuracy, reward-function state, wall time).
@@ -27,6 +28,35 @@ import torch
 
 RUN_FILE = "medvqa_run.json"
 STATE_DIR = "trainer_state"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step of a checkpoint folder ``.../step_000010``.
+
+    >>> checkpoint_step("runs/x/checkpoints/step_000010")
+    10
+    """
+    return int(Path(path).name.rsplit("_", 1)[-1])
+
+
+def trained_settings(encoder: Any, pool: Any, index: int = 0) -> dict[str, Any]:
+    """What ``medvqa_run.json`` records so ``eval.run`` can run the model as it was trained: the
+    system prompt actually shown (the override, else the env's own text, taken from a reset of
+    ``pool``'s first slot on record ``index``) and where it came from, the env settings (tool
+    turns, tools, answer protocol, observation style), and how the trainer's encoder rendered the
+    chat (plain ChatML, images shrunk to ``max_image_side``, text models' ``image_token``)."""
+    _, info = pool.reset([(0, {"index": int(index)})])[0]
+    env = dict(pool.spec.env_kwargs)
+    override = getattr(encoder, "system_prompt", None)
+    return {
+        "system_prompt": override if override is not None else info["system_prompt"],
+        "system_prompt_source": "override" if override is not None else "env",
+        "env": {"max_turns": env.get("max_turns", 3), "tools": env.get("tools"),
+                "answer_protocol": env.get("answer_protocol", "boxed"),
+                "observation_style": env.get("observation_style", "observation_tag")},
+        "encoder": {"chat_format": "chatml", "max_image_side": getattr(encoder, "max_image_side", None),
+                    "image_token": getattr(encoder, "image_token", None)},
+    }
 
 
 def rng_state() -> dict[str, Any]:

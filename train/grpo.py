@@ -28,7 +28,7 @@ from train.algorithms import (AdvantageInput, LossInput, compute_advantages, dyn
 from train.batching import from_trajectory, gold_answer_sequence, micro_batches, pad_batch, response_logprobs
 from medvqa_env.cli import run_cli
 from medvqa_env.errors import ConfigError
-from train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from train.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint, trained_settings
 from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, make_optimizer, parse_args,
                           run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
@@ -84,8 +84,8 @@ class Args:
     """reward option ``key=value`` (repeatable)"""
     answer_protocol: str = "boxed"
     """``boxed`` (seed 000's \\boxed{}) or ``xml`` (MediX-R1's <answer>)"""
-    max_turns: int = 1
-    """tool turns per episode (seed: 3)"""
+    max_turns: int = 3
+    """tool turns per episode (seed: 3; eval.run's default, and what a checkpoint is evaluated with)"""
     env_pool: str = "thread"
     """where the env copies run: ``thread`` (this process, beside generation), ``process`` or ``ray``"""
     env_workers: int = 2
@@ -128,7 +128,8 @@ class Args:
     eval_size: int = 64
     """held-out questions"""
     save_every: int = 5
-    """save ``out/checkpoints/step_N`` (an HF folder eval.run loads, plus optimizer/RNG state) every k steps"""
+    """save ``out/checkpoints/step_N`` (an HF folder eval.run loads, plus optimizer/RNG state) every k steps;
+    the last step is always saved (0 = only the last)"""
     keep: int = 2
     """checkpoints kept (the newest; 0 = all)"""
     resume: bool = True
@@ -138,7 +139,7 @@ class Args:
     torch_threads: int = 1
     """torch CPU threads (1 is fastest on a shared 2-core box)"""
     tensorboard: bool = True
-    """also log to TensorBoard (``out/tb``: scalars and the hyper-parameters)"""
+    """also log to TensorBoard (``out/tb``: scalars and the hyper-parameters with the final metrics)"""
     report_to: str = "none"
     """other trackers: ``wandb`` (needs the wandb package; WANDB_MODE=offline works offline) or ``none``"""
     wandb_project: str = "medvqa-gym"
@@ -298,11 +299,12 @@ def main(args: Args) -> dict[str, float] | int:
     trainable, total = count_trainable(model)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
     generator = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    start_step = checkpoint_step(ckpt) if ckpt is not None else 0
     logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
-                           project=args.wandb_project)
-    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind}
+                           project=args.wandb_project, purge_step=start_step + 1 if start_step else 0)
+    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind,
+             **trained_settings(encoder, pool, int(train_idx[0]))}
     state = {"running_accuracy": 0.5}
-    start_step = 0
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, optimizer)
         start_step = state["step"]
@@ -371,7 +373,7 @@ def main(args: Args) -> dict[str, float] | int:
             metrics["time/eval_s"] = time.perf_counter() - t0
         logger.log(done, metrics)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", acc=f"{metrics['rollout/accuracy']:.2f}")
-        if done % args.save_every == 0 or done == args.steps:
+        if (args.save_every and done % args.save_every == 0) or done == args.steps:
             state["wall_s"] = time.perf_counter() - t_start
             state["reward_state"] = pool.state_dict()
             save_checkpoint(out, done, model, optimizer, state, keep=args.keep, encoder=encoder,

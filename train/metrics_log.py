@@ -110,16 +110,24 @@ def reward_thresholds(state: Any, prefix: str = "reward/threshold_") -> dict[str
 class MetricsLogger:
     """Appends one JSON object per step to ``<out>/metrics.jsonl``, mirrors scalars to TensorBoard
     (``<out>/tb``, with the run's hyper-parameters) and, with ``report_to="wandb"``, to Weights &
-    Biases. Safe to reopen after a resume (it appends; a W&B run resumes by its saved id). Warns
-    when every GRPO group of a step had zero reward variance (no learning signal)."""
+    Biases. Safe to reopen after a resume: ``purge_step`` (the first step the resumed run logs
+    again) drops the rows and TensorBoard events a killed run wrote past its checkpoint, so no step
+    appears twice; a W&B run resumes by its saved id. At :meth:`close` a finished run logs its
+    hyper-parameters with its final metrics. Warns when every GRPO group of a step had zero reward
+    variance (no learning signal)."""
 
     def __init__(self, out_dir: str | os.PathLike, tensorboard: bool = True, report_to: str = "none",
-                 hparams: Mapping[str, Any] | None = None, project: str = "medvqa-gym") -> None:
+                 hparams: Mapping[str, Any] | None = None, project: str = "medvqa-gym",
+                 purge_step: int | None = None) -> None:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / "metrics.jsonl"
         self.writer = None
         self.wandb = None
+        self.latest: dict[str, float] = {}  # the newest value of every scalar, for the hparams table
+        self.last_step = 0
+        if purge_step is not None:  # a resume (or a restart): what came after the checkpoint is redone
+            purge_rows(self.path, purge_step)
         targets = {t.strip().lower() for t in str(report_to or "none").split(",") if t.strip()} - {"none"}
         unknown = targets - {"wandb", "tensorboard"}
         if unknown:
@@ -131,12 +139,13 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(str(self.out / "tb"))
+                # purge_step: TensorBoard drops the events a killed run wrote past its checkpoint
+                self.writer = SummaryWriter(str(self.out / "tb"), purge_step=purge_step)
             except ImportError:
                 self.writer = None
             if self.writer is not None and flat:
                 self.writer.add_text("hparams", "\n".join(f"    {k} = {v}" for k, v in flat.items()), 0)
-                self.writer.add_hparams(flat, {}, run_name=".")
+        self.hparams = flat
         if "wandb" in targets:
             self.wandb = _start_wandb(self.out, project, hparams or {})
 
@@ -150,6 +159,8 @@ class MetricsLogger:
                         "--temperature, or check that the reward can tell answers apart", step)
         scalars = {k: v for k, v in row.items()
                    if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+        self.latest.update(scalars)
+        self.last_step = max(self.last_step, int(step))
         if self.writer is not None:
             for k, v in scalars.items():
                 self.writer.add_scalar(k, v, step)
@@ -157,11 +168,41 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log(scalars, step=int(step))
 
-    def close(self) -> None:
+    def final_metrics(self) -> dict[str, float]:
+        """The newest value of each held-out, rollout and loss scalar, as ``final/<name>``: what the
+        HPARAMS tab compares runs by."""
+        return {f"final/{k}": float(v) for k, v in sorted(self.latest.items())
+                if k.startswith(FINAL_METRIC_PREFIXES) and not isinstance(v, bool)}
+
+    def close(self, finished: bool = True) -> None:
+        """Close the writers; a ``finished`` run writes its hyper-parameters with
+        :meth:`final_metrics` (TensorBoard's HPARAMS tab; W&B's run summary)."""
+        final = self.final_metrics() if finished else {}
         if self.writer is not None:
+            if finished and self.hparams:
+                self.writer.add_hparams(self.hparams, final, run_name=".", global_step=self.last_step)
             self.writer.close()
+        if self.wandb is not None and final:
+            self.wandb.summary.update(final)
         if self.wandb is not None:
             self.wandb.finish()
+
+
+FINAL_METRIC_PREFIXES = ("eval/", "rollout/", "losses/")
+
+
+def purge_rows(path: Path, first_purged: int) -> int:
+    """Drop the rows of ``metrics.jsonl`` at or past step ``first_purged`` (what a resumed run
+    writes again), atomically; returns how many went."""
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) < first_purged]
+    if len(kept) != len(lines):
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
 
 
 def flatten_hparams(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

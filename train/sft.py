@@ -8,6 +8,12 @@ A gold trajectory is what a competent agent would do: one tool call chosen from 
 the available tools (:func:`gold_tool_call`), the env's real tool output, then the gold answer
 boxed. Only the model's turns are trained (cross-entropy); observations are context. The result,
 ``<out>/final``, is an HF folder :mod:`train.grpo` starts from (``--policy <out>/final``).
+
+Checkpoints, resume and logging work as in :mod:`train.grpo`: every ``--save-every`` steps
+``<out>/checkpoints/step_N`` is an HF folder (with ``medvqa_run.json``) that ``eval.run`` or
+``train.grpo --policy`` loads, so a warm start can be chosen on a validation split
+(``--keep 0`` keeps them all); a killed run resumes from its last checkpoint; a rerun with other
+settings refuses and lists them (``--allow-changed`` accepts them); TensorBoard is on by default.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from train.batching import from_trajectory, micro_batches, pad_batch, response_l
 from medvqa_env.cli import run_cli
 from medvqa_env.config import parse_options
 from medvqa_env.errors import ConfigError
-from train.common import (build_policy, count_trainable, evaluate_heldout, make_optimizer, parse_args, run_env_kwargs,
-                          save_policy, select_indices, system_prompt_of, write_run_record)
+from train.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint, trained_settings
+from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, make_optimizer, parse_args,
+                          run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger
 from train.rollout import ScriptedGenerator, collect_rollouts
@@ -45,7 +52,7 @@ class Args:
     """Supervised warm start on scripted gold trajectories."""
 
     out: str = "runs/sft"
-    """output folder (metrics.jsonl, final/)"""
+    """output folder: metrics.jsonl, tb/, checkpoints/, final/"""
     seed: int = 0
     """seed for sampling questions"""
     policy: str = "Qwen/Qwen2.5-VL-3B-Instruct"
@@ -84,8 +91,8 @@ class Args:
     """the env's answer protocol; the gold trajectories are written with ``\\boxed{}``, so only ``boxed``"""
     tool_share: float = 1.0
     """share of gold trajectories that use a tool (the rest answer directly; < 1 leaves RL a choice)"""
-    max_turns: int = 1
-    """tool turns per episode"""
+    max_turns: int = 3
+    """tool turns per episode (seed: 3; the gold trajectories use one)"""
     batch_size: int = 8
     """trajectories per step"""
     steps: int = 20
@@ -100,10 +107,25 @@ class Args:
     """also evaluate every k steps (0 = only before and after)"""
     max_new_tokens: int = 40
     """tokens per turn at evaluation"""
+    save_every: int = 10
+    """save ``out/checkpoints/step_N`` (an HF folder eval.run and train.grpo load, plus optimizer/RNG
+    state) every k steps; the last step is always saved (0 = only the last)"""
+    keep: int = 2
+    """checkpoints kept (the newest; 0 = all, e.g. to pick a warm start on a validation split)"""
+    resume: bool = True
+    """resume from ``out/checkpoints/latest`` when present (the settings must match ``out/args.json``)"""
+    allow_changed: str = ""
+    """settings that may differ from the run being resumed (comma list, or ``all``)"""
     torch_threads: int = 1
     """torch CPU threads"""
-    tensorboard: bool = False
-    """also log to TensorBoard"""
+    tensorboard: bool = True
+    """also log to TensorBoard (``out/tb``: scalars and the hyper-parameters with the final metrics)"""
+    report_to: str = "none"
+    """other trackers: ``wandb`` (needs the wandb package; WANDB_MODE=offline works offline) or ``none``"""
+    wandb_project: str = "medvqa-gym"
+    """W&B project for ``--report-to wandb``"""
+    save_final: bool = True
+    """write ``out/final`` (an HF folder, LoRA merged) at the end"""
 
 
 def gold_tool_call(record: VQARecord, tools: list[str]) -> str | None:
@@ -140,13 +162,26 @@ def main(args: Args) -> dict[str, float]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(args.seed)
+    if args.answer_protocol != "boxed":
+        raise ConfigError(f"expected --answer-protocol boxed (gold answers are \\boxed{{}}), got {args.answer_protocol!r}")
+    if args.save_every < 0 or args.steps < 1:
+        raise ConfigError(f"expected --steps >= 1 and --save-every >= 0, got {args.steps!r} and {args.save_every!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
+    # ---- the run record: a resume with other settings refuses and lists them ----------------
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None and not args.resume:
+        raise ConfigError(f"{out} already holds checkpoints (up to {ckpt.name}); pass --resume to continue "
+                          "that run, or choose another --out")
+    check_resume(out, args, ckpt)
+    start_step = checkpoint_step(ckpt) if ckpt is not None else 0
+    record = write_run_record(out, args, resumed_at=start_step if ckpt is not None else None)
+    if start_step >= args.steps and (out / "final").exists():
+        print(f"{out} already finished {args.steps} steps; nothing to do")
+        return {}
+
     # ---- data and envs --------------------------------------------------------------------
-    if args.answer_protocol != "boxed":
-        raise ConfigError(f"expected --answer-protocol boxed (gold answers are \\boxed{{}}), got {args.answer_protocol!r}")
-    record = write_run_record(out, args, resumed_at=None)
     options = parse_options(args.dataset_opt, "--dataset-opt")
     dataset = load_dataset(args.dataset, split=args.split, **options)
     train_idx = select_indices(args.dataset, args.split, args.answer_types, dataset_options=options)
@@ -159,18 +194,26 @@ def main(args: Args) -> dict[str, float]:
     model, encoder, kind, _ = build_policy(args.policy, system_prompt_of(args), args.train_layers, args.lora_rank,
                                            args.seed, need_reference=False, device=args.device, dtype=args.dtype)
     optimizer = make_optimizer(model, args.lr)
-    script = ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, args.tool_share,
-                                                      args.seed))
-    logger = MetricsLogger(out, tensorboard=args.tensorboard, hparams=record)
+    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind,
+             **trained_settings(encoder, pool, int(train_idx[0]))}
+    state: dict = {}
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, model, optimizer)
+        print(f"resumed from {ckpt} at step {start_step}")
+    script = ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, args.tool_share, args.seed))
+    logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
+                           project=args.wandb_project, purge_step=start_step + 1 if start_step else 0)
     trainable, total = count_trainable(model)
     print(f"SFT {args.policy} ({kind}): {trainable:,} of {total:,} parameters train")
-    logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
+    if start_step == 0:
+        logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
 
     # ---- loop -----------------------------------------------------------------------------
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
     rng = np.random.default_rng(args.seed)
-    order = rng.permutation(train_idx)
-    for step in range(args.steps):
+    order = rng.permutation(train_idx)  # the same order on resume: step k trains the same batch
+    metrics: dict[str, float] = {}
+    for step in range(start_step, args.steps):
         chosen = [order[(step * args.batch_size + k) % len(order)] for k in range(args.batch_size)]
         batch = collect_rollouts(script, pool, encoder, [(args.seed, {"index": int(i)}) for i in chosen])
         seqs = [from_trajectory(t, p) for t, p in zip(batch.trajectories, batch.prompts)]
@@ -183,21 +226,31 @@ def main(args: Args) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        done = step + 1
         metrics = {"losses/sft": total_loss, "rollout/reward_mean": float(batch.rewards.mean()),
                    "time/wall_s": time.perf_counter() - t_start}
-        if step + 1 == args.steps or (args.eval_every and (step + 1) % args.eval_every == 0):
+        if done == args.steps or (args.eval_every and done % args.eval_every == 0):
             metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
-        logger.log(step + 1, metrics)
-        print(f"sft step {step + 1}/{args.steps} loss {total_loss:.3f} ({metrics['time/wall_s']:.0f}s)", flush=True)
+        logger.log(done, metrics)
+        print(f"sft step {done}/{args.steps} loss {total_loss:.3f} ({metrics['time/wall_s']:.0f}s)", flush=True)
+        if (args.save_every and done % args.save_every == 0) or done == args.steps:
+            save_checkpoint(out, done, model, optimizer, {"wall_s": time.perf_counter() - t_start}, keep=args.keep,
+                            encoder=encoder, run_info={**saved, "step": done})
 
-    save_policy(model, encoder, out / "final", {**record, "base_model": record["resolved"]["base_model"],
-                                                "kind": kind, "step": args.steps})
+    if args.save_final:
+        save_policy(model, encoder, out / "final", {**saved, "step": args.steps})
     logger.close()
     pool.close()
     eval_pool.close()
     return metrics
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``python -m train.sft ...``: parse, run, exit code (``prog: error:`` for user errors)."""
+    prog = "python -m train.sft"
+    args = parse_args(Args, argv, prog=prog)
+    return run_cli(prog, lambda: main(args))
+
+
 if __name__ == "__main__":
-    _args = parse_args(Args, prog="python -m train.sft")
-    sys.exit(run_cli("python -m train.sft", lambda: main(_args)))
+    sys.exit(cli())

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
 
 import pytest
 
@@ -41,4 +43,19 @@ def test_report_to_wandb_logs_config_and_scalars_offline(tmp_path, monkeypatch):
     assert len(runs) == 1 and (tmp_path / "wandb_id.txt").read_text() in runs[0].name
     assert read_metrics(tmp_path / "metrics.jsonl")[0]["rollout/reward_mean"] == 0.25
     records = list(runs[0].glob("run-*.wandb"))  # the run's event log, synced later by `wandb sync`
+    deadline = time.monotonic() + 15  # wandb's service process may still be flushing it after finish()
+    while records and b"rollout/reward_mean" not in records[0].read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert records and b"rollout/reward_mean" in records[0].read_bytes() and b"lr" in records[0].read_bytes()
+
+
+def test_a_resume_purges_the_steps_it_logs_again(tmp_path):
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(4):
+        log.log(step, {"losses/sft": float(step)})
+    log.close()
+    log = MetricsLogger(tmp_path, tensorboard=False, purge_step=2)  # resumed from the step-1 checkpoint
+    log.log(2, {"losses/sft": 20.0})
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert log.final_metrics() == {"final/losses/sft": 20.0}
+    log.close()

@@ -11,11 +11,11 @@ TOOL=${TOOL:-oracle}
 SFT_STEPS=${SFT_STEPS:-60}   # the committed runs: 60 (oracle_sft150: 150)
 OUT=runs/open/${NAME:-$TOOL}
 mkdir -p $OUT
-[ -f $OUT/sft/final/config.json ] || nice -n 10 $T $PY -m train.sft --policy tiny-qwen2-vl --demo-prompt \
+[ -f $OUT/sft/final/config.json ] || nice -n 10 $T $PY -m train.sft --max_turns 1 --policy tiny-qwen2-vl --demo-prompt \
     --tools ground=$TOOL --steps $SFT_STEPS --batch_size 16 --lr 3e-3 --answer_types OPEN --tool_share 0.5 \
     --eval_size 64 --eval_every 10 --max_new_tokens 32 --out $OUT/sft > $OUT/sft.log 2>&1
 for s in ${SEEDS-0 1 2}; do
-  nice -n 10 $T $PY -m train.grpo --policy $OUT/sft/final --tools ground=$TOOL --reward default --algo grpo \
+  nice -n 10 $T $PY -m train.grpo --max_turns 1 --policy $OUT/sft/final --tools ground=$TOOL --reward default --algo grpo \
       --seed $s --steps ${STEPS:-30} --prompts_per_step 8 --group_size 8 --lr 5e-4 --temperature 0.7 \
       --answer_types OPEN --eval_size 64 --eval_every 5 --max_new_tokens 32 --micro_batch 64 --save_every 10 \
       --tensorboard false ${EXTRA:-} --out $OUT/grpo_s$s > $OUT/grpo_s$s.log 2>&1

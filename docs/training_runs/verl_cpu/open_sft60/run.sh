@@ -10,11 +10,11 @@ T='/usr/bin/time -f %U_user_%S_sys_%e_wall'
 TOOLS=image_zoom_in,segment=classical
 mkdir -p "$R"
 [ -f "$R/policy/config.json" ] || .venv/bin/python -m train.verl_integration.tiny_policy --out "$R/policy" --kind qwen2
-[ -f "$R/sft/final/config.json" ] || $T .venv/bin/python -m train.sft --policy "$R/policy" --steps 60 --batch_size 16 \
+[ -f "$R/sft/final/config.json" ] || $T .venv/bin/python -m train.sft --max_turns 1 --policy "$R/policy" --steps 60 --batch_size 16 \
     --lr 3e-3 --answer_types OPEN --tools $TOOLS --tool_share 1.0 --eval_size 64 --eval_every 20 --max_new_tokens 48 \
     --out "$R/sft" > "$R/sft.log" 2>&1
 for s in ${NATIVE_SEEDS-0}; do
-  [ -f "$R/native_s$s/final/config.json" ] || $T .venv/bin/python -m train.grpo --policy "$R/sft/final" --tools $TOOLS \
+  [ -f "$R/native_s$s/final/config.json" ] || $T .venv/bin/python -m train.grpo --max_turns 1 --policy "$R/sft/final" --tools $TOOLS \
       --reward default --algo grpo --seed $s --steps ${STEPS:-30} --prompts_per_step 8 --group_size 8 --lr 5e-4 \
       --temperature 0.7 --answer_types OPEN --eval_size 64 --eval_every 5 --max_new_tokens 48 --micro_batch 64 \
       --save_every 10 --tensorboard false --out "$R/native_s$s" > "$R/native_s$s.log" 2>&1

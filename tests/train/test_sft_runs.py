@@ -1,0 +1,113 @@
+"""``train.sft`` at ``train.grpo``'s standard (issue 21): HF checkpoints every ``--save-every`` steps
+with the settings they were trained with, a resume that continues where a killed run stopped (and
+ends with the weights an uninterrupted run gets), a rerun with other settings refused and listed,
+no step logged twice after a resume, TensorBoard on by default with the final metrics beside the
+hyper-parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from medvqa_env.errors import ConfigError
+from train import sft
+from train.checkpoint import list_checkpoints
+from train.common import parse_args
+from train.metrics_log import read_metrics
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TINY = ["--policy", "tiny-qwen2-vl", "--answer-types", "CLOSED", "--eval-size", "2", "--max-new-tokens", "4",
+        "--batch-size", "2", "--tools", "ground=oracle"]
+
+
+def _sft(out, *extra):
+    return sft.main(parse_args(sft.Args, TINY + ["--out", str(out), *extra]))
+
+
+def _weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    _sft(root / "whole", "--steps", "3", "--save-every", "1", "--keep", "0")
+    _sft(root / "split", "--steps", "2", "--save-every", "1")    # "killed" after step 2 ...
+    (root / "split" / "metrics.jsonl").open("a").write(json.dumps({"step": 3, "losses/sft": 99.0}) + "\n")
+    _sft(root / "split", "--steps", "3", "--save-every", "1")    # ... resumed: step 3 redone
+    return root
+
+
+def test_every_save_is_an_hf_folder_with_the_settings_it_was_trained_with(runs):
+    whole = runs / "whole"
+    assert [p.name for p in list_checkpoints(whole)] == ["step_000001", "step_000002", "step_000003"]  # --keep 0
+    for ckpt in list_checkpoints(whole):
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "medvqa_run.json"):
+            assert (ckpt / name).is_file(), name
+    saved = json.loads((list_checkpoints(whole)[0] / "medvqa_run.json").read_text())
+    assert saved["step"] == 1 and saved["kind"] == "vlm"
+    # the env's prompt was used: its text is recorded, not null
+    assert saved["system_prompt_source"] == "env" and '"name": "ground"' in saved["system_prompt"]
+    assert saved["env"]["max_turns"] == 3 and saved["env"]["tools"]["ground"]["engine"] == "oracle"
+    assert saved["env"]["answer_protocol"] == "boxed"
+    assert saved["encoder"] == {"chat_format": "chatml", "max_image_side": 224, "image_token": "<image>"}
+
+
+def test_a_resumed_run_ends_where_the_uninterrupted_one_does_and_logs_each_step_once(runs):
+    whole, split = _weights(runs / "whole" / "final"), _weights(runs / "split" / "final")
+    assert whole.keys() == split.keys()
+    for k in whole:
+        torch.testing.assert_close(split[k], whole[k], rtol=0, atol=1e-6)
+    lines = [json.loads(x) for x in (runs / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [0, 1, 2, 3]  # the stale step 3 was purged, not duplicated
+    assert lines[-1]["losses/sft"] != 99.0
+    resumes = [json.loads(x) for x in (runs / "split" / "resumes.jsonl").read_text().splitlines()]
+    assert resumes[-1]["step"] == 2 and "steps: 2 -> 3" in resumes[-1]["changes"]
+
+
+def test_tensorboard_is_on_by_default_and_holds_final_metrics_with_the_hparams(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = EventAccumulator(str(runs / "whole" / "tb"), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert "losses/sft" in tags["scalars"] and "final/eval/accuracy" in tags["scalars"]
+    final = acc.Scalars("final/eval/accuracy")[-1]
+    last = read_metrics(runs / "whole" / "metrics.jsonl")[-1]
+    assert final.step == 3 and final.value == pytest.approx(last["eval/accuracy"])
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(
+        acc.SummaryMetadata("_hparams_/experiment").plugin_data.content).experiment
+    assert "final/eval/accuracy" in {m.name.tag for m in experiment.metric_infos}
+    assert "args/lr" in {h.name for h in experiment.hparam_infos}
+
+
+def test_a_rerun_with_other_settings_refuses_and_names_them(runs):
+    final = runs / "whole" / "final" / "model.safetensors"
+    before = final.stat().st_mtime_ns
+    with pytest.raises(ConfigError) as err:
+        _sft(runs / "whole", "--steps", "3", "--save-every", "1", "--keep", "0", "--lr", "1e-3")
+    assert "lr: 5e-05 -> 0.001" in str(err.value) and "--allow-changed lr" in str(err.value)
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        _sft(runs / "whole", "--steps", "3", "--no-resume")
+    assert _sft(runs / "whole", "--steps", "3", "--save-every", "1", "--keep", "0") == {}  # finished: no-op
+    assert final.stat().st_mtime_ns == before
+
+
+def test_an_allowed_change_continues_and_is_recorded(runs, tmp_path):
+    out = tmp_path / "more"
+    _sft(out, "--steps", "1", "--save-every", "0", "--no-tensorboard")
+    _sft(out, "--steps", "2", "--lr", "1e-4", "--allow-changed", "lr", "--no-tensorboard")
+    assert [p.name for p in list_checkpoints(out)] == ["step_000001", "step_000002"]
+    assert json.loads((out / "args.json").read_text())["args"]["lr"] == 1e-4
+    resumes = [json.loads(x) for x in (out / "resumes.jsonl").read_text().splitlines()]
+    assert "lr: 5e-05 -> 0.0001" in resumes[-1]["changes"]
+
+
+def test_bad_values_are_prog_errors(capsys):
+    assert sft.cli(TINY + ["--save-every", "-1", "--out", "x"]) == 2
+    assert "python -m train.sft: error: expected --steps >= 1 and --save-every >= 0" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from eval.answers import diversity_by_answer_type
 from eval.scoring import OPEN_METRICS
 from eval.summary import MAX_FAILURES, EvalSummary, GroupSummary, MetricValue
 
@@ -197,9 +198,15 @@ def summarize(rows: Sequence[Mapping[str, Any]], k: int = 1, run: Mapping[str, A
                            "judge": any(r.get("judge") is not None for r in rows)},
         timing=timing,
         overall=summarize_group(rows, k, resamples, seed),
+        answer_diversity=diversity_by_answer_type(r for r in rows if not r.get("error")),
     )
     for attr, key in (("by_dataset", "dataset"), ("by_answer_type", "answer_type"),
                       ("by_modality", "modality"), ("by_organ", "organ")):
         setattr(s, attr, {name: summarize_group(group, k, resamples, seed)
                           for name, group in _group_by(rows, key).items()})
+    # what was not measured leads the summary: errors (above) and the rows the loader skipped
+    s.n_scored, s.n_errors = s.overall.n_scored, s.overall.n_errors
+    loaded = s.run.get("dataset_provenance") or {}
+    s.n_skipped_records = int(loaded.get("n_skipped", 0))
+    s.skipped_by_reason = dict(loaded.get("skipped_by_reason") or {})
     return s

@@ -79,6 +79,16 @@ def tables(summary: EvalSummary) -> list[tuple[str, list[str], list[list[str]]]]
                 [[name, *[fmt(getattr(g, f), ci=False) for f, _ in TOOLS],
                   *[fmt(g.tool_calls_by_tool.get(t, MetricValue(0.0)), ci=False) for t in tools]]
                  for name, g in {**overall, **summary.by_answer_type}.items()]))
+    if summary.answer_diversity:
+        out.append(("Answers given (a constant answer shows here)", ["Slice", "answers", "distinct", "entropy (bits)",
+                                                                     "most common", "its share"],
+                    [[name, str(d["answers"]), str(d["distinct"]), f"{d['entropy_bits']:.3f}", str(d["top_answer"]),
+                      f"{d['top_share']:.3f}"] for name, d in summary.answer_diversity.items()]))
+    for mode, drop in summary.image_ablation.items():
+        out.append((f"Image ablation: {mode} (the same run with the images {'blanked' if mode == 'blank' else 'swapped'}; "
+                    f"ablation_{mode}/)", ["Metric", "normal", "ablated", "drop"],
+                    [[name, *("–" if v[key] is None else f"{v[key]:.3f}" for key in ("normal", "ablated", "drop"))]
+                     for name, v in drop.items() if isinstance(v, dict) and v["normal"] is not None]))
     if summary.failures:
         total, shown = len(summary.failures) + summary.failures_omitted, summary.failures[:MAX_LISTED]
         rest = f"; the first {len(shown)} listed, all in episodes.jsonl" if total > len(shown) else ""
@@ -109,9 +119,30 @@ def _run_lines(summary: EvalSummary) -> list[str]:
     return lines
 
 
+def errors_line(summary: EvalSummary) -> str:
+    """The report's first line: what was not measured (errors by kind, skipped dataset rows).
+
+    >>> errors_line(EvalSummary(n_episodes=5, n_scored=3, n_errors=2, errors_by_kind={"dataset_error": 2},
+    ...                         n_skipped_records=1, skipped_by_reason={"empty answer": 1}))
+    'Errors: 2 of 5 episodes (dataset_error 2); 3 scored. Dataset rows skipped by the loader: 1 (empty answer 1).'
+    >>> errors_line(EvalSummary(n_episodes=4, n_scored=4))
+    'Errors: none; 4 of 4 episodes scored.'
+    """
+    kinds = ", ".join(f"{k} {n}" for k, n in summary.errors_by_kind.items())
+    if summary.n_errors:
+        line = f"Errors: {summary.n_errors} of {summary.n_episodes} episodes ({kinds}); {summary.n_scored} scored."
+    else:
+        line = (f"Errors: none{' (' + kinds + ')' if kinds else ''}; {summary.n_scored} of {summary.n_episodes} "
+                f"episodes scored.")
+    if summary.n_skipped_records:
+        reasons = ", ".join(f"{k} {n}" for k, n in summary.skipped_by_reason.items())
+        line += f" Dataset rows skipped by the loader: {summary.n_skipped_records} ({reasons})."
+    return line
+
+
 def to_markdown(summary: EvalSummary, title: str | None = None) -> str:
     lines = [f"# {title or 'Evaluation: ' + str(summary.run.get('agent', {}).get('name', 'agent'))}", "",
-             *_run_lines(summary), ""]
+             f"**{errors_line(summary)}**", "", *_run_lines(summary), ""]
     for name, header, rows in tables(summary):
         lines += [f"## {name}", "", *_md_table(header, rows), ""]
     return "\n".join(lines)
@@ -188,7 +219,8 @@ def to_html(summary: EvalSummary, images: Mapping[str, bytes], title: str | None
              "table{border-collapse:collapse;margin-bottom:1.5em;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}</style></head><body>",
-             f"<h1>{esc(title or 'Evaluation: ' + str(summary.run.get('agent', {}).get('name', 'agent')))}</h1><ul>"]
+             f"<h1>{esc(title or 'Evaluation: ' + str(summary.run.get('agent', {}).get('name', 'agent')))}</h1>",
+             f"<p><strong>{esc(errors_line(summary))}</strong></p><ul>"]
     parts += [f"<li>{esc(line[2:]).replace('`', '')}</li>" for line in _run_lines(summary)]
     parts.append("</ul>")
     for name, png in images.items():

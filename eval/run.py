@@ -8,9 +8,13 @@ Example::
 Writes ``runs/prior/episodes.jsonl`` (resumable: rerun the same command to continue), ``run.json``,
 ``summary.json``, ``report.md`` and ``report.html``. ``--agent`` takes a name from
 ``agents.registry``, ``scripted`` (the harness's zero-cost test agent) or ``package.module:Class``.
-A trainer's checkpoint is evaluated as it is: ``--agent vlm --agent-opt model=runs/grpo/checkpoints/step_000010``
-(``--agent-opt dtype=bfloat16 --agent-opt device=cuda`` on a GPU). Every flag is shown with its
-default by ``--help``; user errors print ``medvqa-eval: error: ...`` and exit 2.
+A trainer's checkpoint is evaluated as it was trained: ``--agent vlm --agent-opt model=runs/grpo/checkpoints/step_000010``
+takes the checkpoint's tool turns, tools, answer protocol, prompt, chat rendering and image size
+unless a flag sets them (a differing flag is warned about; see :mod:`eval.trained_settings`);
+``--device cuda --dtype bfloat16`` on a GPU. Every flag is shown with its
+default by ``--help``; user errors print ``medvqa-eval: error: ...`` and exit 2. A run that scored
+nothing, or whose share of episodes with an error is over ``--max-error-rate`` (default 0.05), says
+so on stderr and exits 1 (its results and reports are written all the same).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from eval.trained_settings import given_fields
 from medvqa_env.config import parse_options as _parse_options
 from medvqa_env.errors import ConfigError
 
@@ -102,8 +107,15 @@ class RunArgs:
     """retries per judge request"""
     judge_max_tokens: int = 200
     """tokens the judge may write"""
+    max_error_rate: float = 0.05
+    """exit 1 when more than this share of the episodes recorded an error, or none was scored
+    (``eval.summary.MAX_ERROR_RATE``; 1 never fails on errors, only on nothing scored)"""
     overwrite: bool = False
     """discard earlier results in --out"""
+    device: str | None = None
+    """where a model agent runs: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` (default: the agent's, ``auto``)"""
+    dtype: str | None = None
+    """a model agent's weights: ``float32``, ``bfloat16``, ``float16`` (default: the agent's)"""
 
 
 def make_parser():
@@ -146,22 +158,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
     run, config = parse(argv)
-    return run_cli(PROG, lambda: _evaluate(run, config))
+    return run_cli(PROG, lambda: _evaluate(run, config, given_fields(argv)))
 
 
-def _evaluate(run: RunArgs, config) -> int:
+def _agent_options(run: RunArgs) -> dict[str, Any]:
+    """``--agent-opt`` pairs, with ``--device`` / ``--dtype`` (which must agree with them)."""
+    options = parse_options(run.agent_opt, "--agent-opt")
+    for name in ("device", "dtype"):
+        value = getattr(run, name)
+        if value is None:
+            continue
+        if name in options and str(options[name]) != value:
+            raise ConfigError(f"expected one {name}, got --{name} {value} and --agent-opt {name}={options[name]}")
+        options[name] = value
+    return options
+
+
+def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
     from eval.report import to_markdown
     from eval.runner import evaluate
+    from eval.trained_settings import adopt_trained_settings, checkpoint_run_file, trained_differences
     from medvqa_env.datasets import load_dataset
     from tool_backends.config import with_tool_options
 
     agent = judge = None
     try:
+        agent_options = _agent_options(run)
+        # a trainer's checkpoint: its turns, tools, protocol unless a flag says otherwise (warned)
+        trained = checkpoint_run_file(run.agent, agent_options)
+        adopt_trained_settings(trained, config, given or set())
         if config.tools is not None or run.tool_opt:
             config.tools = with_tool_options(parse_tools(config.tools), run.tool_opt)
+        for note in trained_differences(trained, config):
+            log.warning(note)
         dataset = load_dataset(run.dataset, split=run.split, **parse_options(run.dataset_opt, "--dataset-opt"))
-        agent = build_agent(run.agent, **parse_options(run.agent_opt, "--agent-opt"))
+        agent = build_agent(run.agent, **agent_options)
         if run.judge_url:
             from eval.judge import build_judge
 
@@ -180,7 +213,14 @@ def _evaluate(run: RunArgs, config) -> int:
         if judge is not None:
             judge.close()
     print(to_markdown(summary).split("## By dataset")[0].rstrip())
+    for mode, drop in summary.image_ablation.items():
+        shown = {k: v for k, v in drop.items() if isinstance(v, dict) and v["normal"] is not None}
+        print(f"\nimage ablation '{mode}': " + "; ".join(f"{k} {v['normal']:.3f} -> {v['ablated']:.3f}" for k, v in shown.items()))
     print(f"\nWrote {Path(run.out) / 'report.md'}, report.html, summary.json, episodes.jsonl")
+    problem = summary.scoring_problem(run.max_error_rate)
+    if problem:  # a sweep must not read an unscored run as a result
+        print(f"{PROG}: {problem}; see the failures in {Path(run.out) / 'report.md'}", file=sys.stderr)
+        return 1
     return 0
 
 

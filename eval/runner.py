@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -107,8 +107,13 @@ class EvalConfig:
     """Concurrent requests to the LLM judge."""
     fsync: bool = True
     """fsync each appended row (what makes a killed run lose nothing finished)."""
+    image_ablation: str | None = None
+    """Also run every episode with the images ``blank`` (black) or ``shuffle``d (another record's),
+    or both (``blank,shuffle``), tools included, into ``out/ablation_<mode>/``; the summary reports
+    each headline metric's drop (:mod:`eval.ablation`): does the agent use the image?"""
 
-    IDENTITY = ("seed", "tools", "max_turns", "answer_protocol", "observation_style", "reward", "metrics_options")
+    IDENTITY = ("seed", "tools", "max_turns", "answer_protocol", "observation_style", "reward", "metrics_options",
+                "image_ablation")
 
 
 def episode_seed(base_seed: int, record_id: str, sample: int) -> int:
@@ -285,7 +290,8 @@ class Runner:
         per_wave = -(-min(cfg.batch_size * n_waves, total) // n_waves)
         slots_per_wave = max(1, -(-per_wave // n_workers))  # per worker; wave v owns local slots v*S..(v+1)*S-1
         spec = PoolSpec({"dataset": self.dataset, "tools": cfg.tools, "max_turns": cfg.max_turns,
-                         "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style},
+                         "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style,
+                         "image_ablation": cfg.image_ablation},
                         episode_hook="eval.scoring:EpisodeScorer")
         # worker processes hand images back as views of shared memory, valid until the slot's next
         # reset: an episode's conversation is dropped when it finishes, before its slot is reused
@@ -559,7 +565,7 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
 def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str | None = None) -> dict[str, Any]:
     """What ``run.json`` records: the agent, the dataset and its split (the records' own when the
     caller does not say), the identity fields with the tool config *resolved*, and provenance."""
-    from medvqa_env.provenance import provenance
+    from medvqa_env.provenance import dataset_provenance, provenance
     from tool_backends.config import load_tool_config
 
     info = {"agent": agent.config(), "dataset": dataset.name, "split": split or dataset_split(dataset)}
@@ -567,6 +573,9 @@ def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str |
     info.update({k: cfg[k] for k in EvalConfig.IDENTITY})
     info["tools"] = load_tool_config(config.tools) if not hasattr(config.tools, "names") else list(config.tools.names)
     info["provenance"] = provenance()
+    loaded = dataset_provenance(dataset)  # the files read and the rows skipped (their list: skipped_records.jsonl)
+    if loaded is not None:
+        info["dataset_provenance"] = loaded.summary()
     info.update({"k": config.k, "limit": config.limit, "shuffle": config.shuffle, "stratify": config.stratify,
                  "shuffle_seed": selection_seed(config)})
     return info
@@ -592,10 +601,29 @@ def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None
     ``run.json`` records the setup, and the summary covers *every* row in the file; the reports
     (``summary.json``, ``report.md``, ``report.html``) are written unless ``write_report=False``.
     """
-    from eval.metrics import summarize
+    from eval.ablation import ablation_drop, ablation_modes
     from eval.report import write_reports
 
     config = config or EvalConfig()
+    modes = ablation_modes(config.image_ablation)
+    summary = _evaluate_once(agent, dataset, replace(config, image_ablation=None), out_dir, judge, split, overwrite)
+    for mode in modes:  # the same episodes again, with the images blanked or swapped
+        ablated = _evaluate_once(agent, dataset, replace(config, image_ablation=mode),
+                                 None if out_dir is None else Path(out_dir) / f"ablation_{mode}", judge, split, overwrite)
+        if out_dir is not None and write_report:
+            write_reports(Path(out_dir) / f"ablation_{mode}", ablated)
+        summary.image_ablation[mode] = ablation_drop(summary, ablated)
+    if out_dir is not None and write_report:
+        write_reports(out_dir, summary)
+    return summary
+
+
+def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_dir: str | Path | None,
+                   judge: Judge | None, split: str | None, overwrite: bool) -> EvalSummary:
+    """One pass over the selected questions (see :func:`evaluate`), its summary not yet written."""
+    from eval.metrics import summarize
+    from medvqa_env.provenance import write_skipped
+
     runner = Runner(agent, dataset, config, out_dir, judge)  # selects the questions; none is an error
     info = run_info(agent, dataset, config, split)
     info["selection"] = describe_selection(dataset, runner.dataset, config.limit, config.shuffle, config.stratify,
@@ -609,6 +637,7 @@ def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None
         if overwrite and (out / RESULTS_FILE).exists():
             (out / RESULTS_FILE).unlink()
         (out / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+        write_skipped(dataset, out)  # each row the loader skipped: file, line, id, reason
     start = time.perf_counter()
     new_rows = runner.run()
     wall = time.perf_counter() - start
@@ -619,7 +648,4 @@ def evaluate(agent: Agent, dataset: VQADataset, config: EvalConfig | None = None
         rows = new_rows
     timing = {"wall_s": wall, "new_episodes": len(new_rows),
               "episodes_per_s": len(new_rows) / wall if new_rows and wall > 0 else None}
-    summary = summarize(rows, k=config.k, run=info, timing=timing, resamples=config.bootstrap, seed=config.seed)
-    if out_dir is not None and write_report:
-        write_reports(out_dir, summary)
-    return summary
+    return summarize(rows, k=config.k, run=info, timing=timing, resamples=config.bootstrap, seed=config.seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-SCHEMA_VERSION = 2  # 2: n_scored per group, failures listed
+SCHEMA_VERSION = 3  # 2: n_scored per group, failures listed; 3: leads with errors and skipped dataset rows
 
 
 @dataclass
@@ -77,17 +77,30 @@ MAX_FAILURES = 500
 METRIC_NAMES = tuple(f.name for f in fields(GroupSummary) if f.type in ("MetricValue", MetricValue))
 
 
+MAX_ERROR_RATE = 0.05
+"""``medvqa-eval --max-error-rate``'s default: a run whose share of episodes that recorded an error
+(:attr:`EvalSummary.n_errors` / ``n_episodes``) is above it, or that scored nothing, exits 1."""
+
+
 @dataclass
 class EvalSummary:
-    """What ``evaluate`` returns and ``summary.json`` holds."""
+    """What ``evaluate`` returns and ``summary.json`` holds. It leads with what was *not* measured:
+    episodes that recorded an error (by kind) and dataset rows the loader skipped (by reason)."""
 
     schema_version: int = SCHEMA_VERSION
+    n_episodes: int = 0
+    n_scored: int = 0
+    """Episodes the metrics are over (all but the ``dataset_error`` ones)."""
+    n_errors: int = 0
+    """Episodes that recorded an error (scored as wrong or, ``dataset_error``, not scored)."""
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    n_skipped_records: int = 0
+    """Dataset rows the loader left out (``on_invalid="skip"``; listed in ``skipped_records.jsonl``)."""
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
     run: dict[str, Any] = field(default_factory=dict)
     """Agent config, dataset, split, k, seed, tools... (``run.json``)."""
     k: int = 1
-    n_episodes: int = 0
     n_questions: int = 0
-    errors_by_kind: dict[str, int] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     """Episodes that recorded an error, by record: ``record_id``, ``sample``, ``kind``, ``message``
     and ``scored`` (whether the episode still counts, as wrong). At most ``MAX_FAILURES``, then
@@ -101,9 +114,36 @@ class EvalSummary:
     by_answer_type: dict[str, GroupSummary] = field(default_factory=dict)
     by_modality: dict[str, GroupSummary] = field(default_factory=dict)
     by_organ: dict[str, GroupSummary] = field(default_factory=dict)
+    answer_diversity: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per answer type (and ``all``): distinct answers, their entropy, the top answer's share
+    (:mod:`eval.answers`): a constant answer shows here whatever its accuracy."""
+    image_ablation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per ablation mode run beside this one (``--image-ablation``): each headline metric normal,
+    ablated and the drop (:mod:`eval.ablation`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def scoring_problem(self, max_error_rate: float = MAX_ERROR_RATE) -> str | None:
+        """Why this run must not pass as a result (nothing scored, or more than ``max_error_rate``
+        of its episodes recorded an error), or ``None``.
+
+        >>> EvalSummary(n_episodes=5, n_errors=5, errors_by_kind={"dataset_error": 5}).scoring_problem()
+        'no episode was scored: 5 of 5 episodes recorded an error (dataset_error 5)'
+        >>> EvalSummary(n_episodes=10, n_scored=10, n_errors=1, errors_by_kind={"agent_error": 1}).scoring_problem()
+        '1 of 10 episodes (10.0%) recorded an error, over --max-error-rate 0.05 (agent_error 1)'
+        >>> EvalSummary(n_episodes=10, n_scored=10).scoring_problem() is None
+        True
+        """
+        kinds = ", ".join(f"{k} {n}" for k, n in self.errors_by_kind.items() if k != "judge_error") or "no errors"
+        if self.n_episodes == 0 or self.n_scored == 0:
+            return (f"no episode was scored: {self.n_errors} of {self.n_episodes} episodes recorded an error "
+                    f"({kinds})")
+        rate = self.n_errors / self.n_episodes
+        if rate > max_error_rate:
+            return (f"{self.n_errors} of {self.n_episodes} episodes ({rate:.1%}) recorded an error, over "
+                    f"--max-error-rate {max_error_rate:g} ({kinds})")
+        return None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EvalSummary":

@@ -15,11 +15,12 @@ import numpy as np
 from PIL import Image
 
 from medvqa_env import prompts
+from medvqa_env.ablation import blank_images, check_ablation, donor_indices
 from medvqa_env.errors import ConfigError, EnvStateError
 from medvqa_env.frame import fit_image, frame_note, scale_annotations
 from medvqa_env.images import image_pixels
 from medvqa_env.parser import AnswerProtocol, ParsedAction, get_answer_protocol, parse_action
-from medvqa_env.records import VQADataset, VQARecord
+from medvqa_env.records import Annotations, VQADataset, VQARecord
 from medvqa_env.spaces import action_space, observation_space
 
 OBSERVATION_STYLES = ("observation_tag", "tool_role")
@@ -52,6 +53,9 @@ class MedVQAEnv(gym.Env[dict, str]):
         format_penalty: reward given for a turn that neither calls a tool nor answers (e.g. -0.1).
         max_action_chars: longer turns are refused with an error observation.
         render_mode: ``None`` or ``"rgb_array"``.
+        image_ablation: ``None``, ``"blank"`` or ``"shuffle"``: show every episode a black image, or
+            another record's image, with the question, options and gold answer kept; tools and
+            oracle annotations follow the shown image (see :mod:`medvqa_env.ablation`).
 
     Observation: ``{"text": str, "images": tuple[np.ndarray, ...]}`` -- after ``reset`` the user
     turn (question, options, answer format) with the question's image(s); after ``step`` the tool
@@ -78,6 +82,7 @@ class MedVQAEnv(gym.Env[dict, str]):
         render_mode: str | None = None,
         services: Any = None,
         defer_reward: bool = False,
+        image_ablation: str | None = None,
     ) -> None:
         if not isinstance(max_turns, int) or max_turns < 0:
             raise ConfigError(f"expected max_turns to be an int >= 0, got {max_turns!r}")
@@ -109,6 +114,8 @@ class MedVQAEnv(gym.Env[dict, str]):
         self.max_action_chars = int(max_action_chars)
         self.max_image_side = int(max_image_side)
         self.render_mode = render_mode
+        self.image_ablation = check_ablation(image_ablation)
+        self._donors = donor_indices(self.dataset) if self.image_ablation == "shuffle" else None
         # False: a record image's observation is the read-only array the image cache keeps, not a
         # copy (for a consumer that copies it anyway, like the process pool's shared-memory transport)
         self.copy_observation_images = True
@@ -153,11 +160,15 @@ class MedVQAEnv(gym.Env[dict, str]):
             index = int(self.np_random.integers(len(self.dataset)))
         self._clear_episode()
         record = self.dataset[index]
-        loaded = [self.services.images.load(p, record.id) for p in record.image_paths]  # shared, never modified
+        pictured = record if self._donors is None else self.dataset[self._donors[index]]  # whose image is shown
+        loaded = [self.services.images.load(p, pictured.id) for p in pictured.image_paths]  # shared, never modified
+        annotations = pictured.annotations
+        if self.image_ablation == "blank":
+            loaded, annotations = blank_images(loaded), Annotations()
         fitted = [fit_image(im, self.max_image_side) for im in loaded]
         self.images = [im for im, _ in fitted]
         self.original_sizes = [im.size for im in loaded]
-        self.annotations = scale_annotations(record.annotations, [scale for _, scale in fitted])
+        self.annotations = scale_annotations(annotations, [scale for _, scale in fitted])
         self.record = record
         self._index = index
         user_text = "\n".join(filter(None, [prompts.question_prompt(record),

@@ -22,6 +22,7 @@ import contextlib
 import gzip
 import importlib
 import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,9 +212,16 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     """One frame of a DICOM: modality rescale (slope/intercept), the file's window, MONOCHROME1."""
     pydicom = _optional("pydicom", where)
     try:
-        ds = pydicom.dcmread(io.BytesIO(data), force=True)
+        with warnings.catch_warnings():  # garbage read with force=True warns per unknown element
+            warnings.simplefilter("ignore")
+            ds = pydicom.dcmread(io.BytesIO(data), force=True)
+        if data[128:132] != b"DICM" and not any(pydicom.datadict.dictionary_has_tag(t) for t in ds.keys()):
+            raise DatasetError(f"{where} is not a DICOM file: no 'DICM' marker at byte 128 and no DICOM data "
+                               f"element in it (it starts {data[:24]!r})")
         has_pixels = any(tag in ds for tag in ("PixelData", "FloatPixelData", "DoubleFloatPixelData"))
         rows, cols = (int(ds.Rows), int(ds.Columns)) if has_pixels else (0, 0)
+    except DatasetError:
+        raise
     except Exception as e:  # pydicom raises many types on garbage
         raise DatasetError(f"{where} is not a readable DICOM image: {type(e).__name__}: {e}") from None
     if not has_pixels or not rows or not cols:
@@ -229,10 +237,7 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     try:
         arr = np.asarray(ds.pixel_array)
     except Exception as e:
-        syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-        name = getattr(syntax, "name", syntax)
-        raise DatasetError(f"{where}: cannot decode its pixel data (transfer syntax {name}): "
-                           f"{type(e).__name__}: {e}") from None
+        raise DatasetError(_undecodable(ds, where, e)) from None
     if frames > 1:
         arr = arr[frame]
     photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
@@ -253,6 +258,35 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     centre, width = _first_number(ds.get("WindowCenter")), _first_number(ds.get("WindowWidth"))
     window = (centre, width) if centre is not None and width is not None and width > 0 else None
     return Pixels(out, window=window, invert=photometric == "MONOCHROME1")
+
+
+def dicom_decoders() -> dict[str, tuple[str, ...]]:
+    """Each compressed transfer syntax pydicom knows -> the decoder plugins installed for it here
+    (empty: no decoder, such a DICOM cannot be read). Uncompressed syntaxes need no plugin.
+
+    >>> "JPEG 2000 Image Compression (Lossless Only)" in dicom_decoders()
+    True
+    """
+    from pydicom import uid
+    from pydicom.pixels import get_decoder
+
+    out = {}
+    for syntax in (s for s in uid.AllTransferSyntaxes if s.is_compressed):
+        try:
+            out[syntax.name] = tuple(get_decoder(syntax).available_plugins)
+        except NotImplementedError:  # pydicom has no decoder interface at all (MPEG, ...)
+            out[syntax.name] = ()
+    return out
+
+
+def _undecodable(ds, where: str, error: Exception) -> str:
+    """Why a DICOM's pixel data did not decode, naming the file and its transfer syntax."""
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    name = f"{getattr(syntax, 'name', syntax)!r} ({syntax})" if syntax else "unknown (no file meta)"
+    if syntax is not None and getattr(syntax, "is_compressed", False) and not dicom_decoders().get(syntax.name):
+        return (f"{where}: cannot decode its pixel data: transfer syntax {name} has no decoder installed "
+                f"(the medical extra decodes JPEG, JPEG-LS, JPEG 2000, HTJ2K and RLE; see docs/datasets.md)")
+    return f"{where}: cannot decode its pixel data (transfer syntax {name}): {type(error).__name__}: {error}"
 
 
 def _apply_palette(pydicom, arr: np.ndarray, ds, where: str) -> np.ndarray:

@@ -1,13 +1,16 @@
-"""Where a result came from: package version, git commit, library versions.
+"""Where a result came from: package version, git commit, library versions (:func:`provenance`),
+and the data it was computed on: the files a loader read and the rows it skipped
+(:class:`DatasetProvenance`).
 
 Recorded in ``run.json`` (evaluation) and ``args.json`` / ``medvqa_run.json`` (training), so a
-figure can be traced to the code that made it.
+figure can be traced to the code and the data that made it.
 """
 
 from __future__ import annotations
 
 import functools
 import subprocess
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +48,99 @@ def _git() -> tuple[str | None, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     return commit, bool(status.strip()) if commit else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Where a dataset came from: its files, how it was checked, and the rows it left out.
+# ----------------------------------------------------------------------------------------------
+SKIPPED_FILE = "skipped_records.jsonl"
+"""The run-directory file listing a dataset's skipped rows (one JSON object per row)."""
+
+
+@dataclass
+class DatasetProvenance:
+    """What a loader read and what it left out (``on_invalid="skip"``).
+
+    ``skipped``: one entry per row left out: ``source`` (the file), ``where`` (``"line 7"``,
+    ``"entry 3"``, ``"row 5"``), ``record_id`` (when the row got that far) and ``reason``.
+    ``n_images_checked``: distinct images checked (``check_images`` ``exists`` or ``decode``);
+    ``n_images_decoded``: of those, decoded without error (``decode`` only). A mixture lists its
+    components' provenance in ``components`` and their skipped rows in its own ``skipped``.
+    """
+
+    name: str
+    sources: list[str] = field(default_factory=list)
+    n_records: int = 0
+    on_invalid: str = "error"
+    check_images: str = "exists"
+    n_images_checked: int = 0
+    n_images_decoded: int = 0
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    components: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def n_skipped(self) -> int:
+        return len(self.skipped)
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """Skipped rows counted by the kind of reason (its text up to the first quote or colon).
+
+        >>> DatasetProvenance("d", skipped=[{"reason": "record 'a' has an empty answer (got '')"},
+        ...     {"reason": "image '/x.png' does not exist"}]).skipped_by_reason()
+        {'empty answer': 1, 'image does not exist': 1}
+        """
+        out: dict[str, int] = {}
+        for row in self.skipped:
+            kind = _reason_kind(str(row.get("reason", "")))
+            out[kind] = out.get(kind, 0) + 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "n_skipped": self.n_skipped, "skipped_by_reason": self.skipped_by_reason()}
+
+    def summary(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the row lists (what ``run.json`` keeps; the rows go to
+        :data:`SKIPPED_FILE`)."""
+        out = {k: v for k, v in self.to_dict().items() if k != "skipped"}
+        out["components"] = [{k: v for k, v in c.items() if k != "skipped"} for c in self.components]
+        return out
+
+
+def _reason_kind(reason: str) -> str:
+    import re
+
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "", reason)   # quoted ids, paths and values
+    text = re.sub(r"\([^)]*\)", "", text)                # details in brackets
+    text = re.sub(r"^\s*record\s*(has an|has|:)?\s*", "", text)
+    words = " ".join(text.replace(":", " ").split()[:4])
+    return words or "invalid"
+
+
+def attach_provenance(dataset: Any, provenance: DatasetProvenance) -> Any:
+    """Attach ``provenance`` to ``dataset`` (read back with :func:`dataset_provenance`)."""
+    dataset.provenance = provenance
+    return dataset
+
+
+def dataset_provenance(dataset: Any) -> DatasetProvenance | None:
+    """The :class:`DatasetProvenance` a loader attached, or ``None`` (a dataset built by hand)."""
+    prov = getattr(dataset, "provenance", None)
+    return prov if isinstance(prov, DatasetProvenance) else None
+
+
+def write_skipped(dataset: Any, run_dir: str | Path) -> Path | None:
+    """Write the dataset's skipped rows to ``run_dir/skipped_records.jsonl`` (replacing an older
+    list); ``None`` and no file (an older one removed) when nothing was skipped."""
+    import json
+
+    path = Path(run_dir) / SKIPPED_FILE
+    prov = dataset_provenance(dataset)
+    if prov is None or not prov.skipped:
+        path.unlink(missing_ok=True)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps({"dataset": prov.name, **row}, ensure_ascii=False, default=str) + "\n"
+                           for row in prov.skipped), encoding="utf-8")
+    tmp.replace(path)
+    return path

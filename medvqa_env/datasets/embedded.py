@@ -28,6 +28,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from medvqa_env.datasets import phantoms as ph
+from medvqa_env.datasets.common import RecordCollector
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import Annotations, AnswerType, Box, VQADataset, VQARecord
 
@@ -273,7 +274,8 @@ def _resolve(row: dict[str, Any], folder: Path) -> VQARecord:
 
 # -- loader --------------------------------------------------------------------------------------
 def load_embedded(split: str = "test", root: str | Path | None = None, n: int | None = None,
-                  seed: int = DEFAULT_SEED, limit: int | None = None) -> VQADataset:
+                  seed: int = DEFAULT_SEED, limit: int | None = None, on_invalid: str = "error",
+                  check_images: bool | str = "exists") -> VQADataset:
     """The embedded synthetic dataset.
 
     Args:
@@ -284,6 +286,9 @@ def load_embedded(split: str = "test", root: str | Path | None = None, n: int | 
             same sequence, so ``n=40`` is the first 40 questions of ``n=800``.
         seed: generator seed; the same seed gives byte-identical images and the same questions.
         limit: alias of ``n`` (the keyword other loaders take).
+        on_invalid, check_images: as for every loader (:mod:`medvqa_env.datasets.common`); the
+            generated records are valid by construction, so ``"skip"`` never skips one, and
+            ``check_images="decode"`` decodes every cached image.
 
     Raises :class:`DatasetError` for an unknown split or a bad ``n``/``seed``. Cached files that
     have gone missing are drawn again; if they cannot be written, the error names record and file.
@@ -313,7 +318,15 @@ def load_embedded(split: str = "test", root: str | Path | None = None, n: int | 
     except DatasetError:  # someone deleted cached files: redraw the missing ones, once
         _generate(folder, split, seed, n_images)
         _check_files(records)
-    return VQADataset(records, name="embedded")
+    out = RecordCollector("embedded", on_invalid, "none" if check_images in (True, "exists") else check_images,
+                          sources=[folder / MANIFEST])  # existence: checked above
+    for i, record in enumerate(records):
+        out.add(record, folder / MANIFEST, f"record {i}")
+    dataset = out.dataset()
+    if check_images in (True, "exists"):
+        dataset.provenance.check_images = "exists"
+        dataset.provenance.n_images_checked = len({p for r in records for p in r.image_paths})
+    return dataset
 
 
 def _check_files(records: list[VQARecord]) -> None:

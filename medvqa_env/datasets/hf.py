@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from medvqa_env.datasets.common import check_image_files, split_key, split_names
+from medvqa_env.datasets.common import RecordCollector, split_key, split_names
 from medvqa_env.datasets.jsonl import record_from_row
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import VQADataset
@@ -181,43 +181,50 @@ def _rows_from_files(files: list[Path]) -> list[dict[str, Any]]:
 
 def load_hf(path: str | Path, split: str = "test", columns: Mapping[str, str] | None = None,
             cache_dir: str | Path | None = None, dataset: str | None = None, limit: int | None = None,
-            check_images: bool = True) -> VQADataset:
-    """Load a locally stored HF dataset as records (see the module docstring)."""
+            check_images: bool | str = "exists", on_invalid: str = "error") -> VQADataset:
+    """Load a locally stored HF dataset as records (see the module docstring). ``on_invalid``
+    (``"error"``/``"skip"``) and ``check_images`` (``"exists"``/``"decode"``/``"none"``, or
+    ``True``/``False``): see :mod:`medvqa_env.datasets.common`."""
     folder = Path(path).absolute()
     if not folder.is_dir():
         raise DatasetError(f"HF dataset folder {str(folder)!r} does not exist (load_hf is offline only)")
     name = dataset or folder.name
     if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
         rows, where = _rows_from_disk(folder, split)
+        sources = [where]
     else:
         files = _split_files(folder, split)
         rows, where = _rows_from_files(files), str(files[0].parent)
+        sources = [str(p) for p in files]
     if not rows:
         raise DatasetError(f"{where}: split {split!r} is empty")
     cols = _pick_columns(rows[0].keys(), columns, where)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    records = []
+    out = RecordCollector(name, on_invalid, check_images, sources=sources, limit=limit)
     for i, row in enumerate(rows):
-        here = f"{where}: row {i}"
-        raw = row[cols["image"]]
-        images = raw if isinstance(raw, (list, tuple)) else [raw]
-        if not images or any(v is None for v in images):
-            raise DatasetError(f"{here}: no image in column {cols['image']!r}")
-        out: dict[str, Any] = {
-            "id": f"{name}_{split}_{row[cols['id']] if 'id' in cols else i}",
-            "image_paths": [image_to_file(v, folder, cache, here) for v in images],
-            "question": row[cols["question"]],
-            "answer": row[cols["answer"]],
-        }
-        for field in ("answer_type", "options", "answer_label", "modality", "organ", "question_type"):
-            if field in cols and row.get(cols[field]) not in (None, ""):
-                out[field] = row[cols[field]]
+        rid = f"{name}_{split}_{row[cols['id']] if 'id' in cols else i}"
         try:
-            records.append(record_from_row(out, line=i, dataset=name, split=split_key(split), root=folder, unit="row"))
+            raw = row[cols["image"]]
+            images = raw if isinstance(raw, (list, tuple)) else [raw]
+            if not images or any(v is None for v in images):
+                raise DatasetError(f"no image in column {cols['image']!r}")
+            fields: dict[str, Any] = {
+                "id": rid,
+                "image_paths": [image_to_file(v, folder, cache, f"{where}: row {i}") for v in images],
+                "question": row[cols["question"]],
+                "answer": row[cols["answer"]],
+            }
+            for field in ("answer_type", "options", "answer_label", "modality", "organ", "question_type"):
+                if field in cols and row.get(cols[field]) not in (None, ""):
+                    fields[field] = row[cols[field]]
+            record = record_from_row(fields, line=i, dataset=name, split=split_key(split), root=folder, unit="row")
         except DatasetError as e:
-            raise DatasetError(f"{where}: {e}") from None
-        if limit is not None and len(records) >= limit:
+            text = str(e)
+            for prefix in (f"{where}: row {i}: ", f"row {i}: "):  # record_from_row and image_to_file name the row
+                text = text[len(prefix):] if text.startswith(prefix) else text
+            out.reject(where, f"row {i}", text, rid)
+            continue
+        out.add(record, where, f"row {i}")
+        if out.full:
             break
-    if check_images:
-        check_image_files(records, where)
-    return VQADataset(records, name=name)
+    return out.dataset()

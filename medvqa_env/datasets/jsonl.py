@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from medvqa_env.datasets.common import image_problem, split_key, split_matches
+from medvqa_env.datasets.common import RecordCollector, split_key, split_matches
 from medvqa_env.errors import ConfigError, DatasetError
 from medvqa_env.records import Annotations, AnswerType, VQADataset, VQARecord, answer_text
 
@@ -177,7 +177,7 @@ def default_name(rows: list[dict[str, Any]], path: Path) -> str:
     return path.absolute().parent.name or "jsonl"
 
 
-def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _read_rows(path: Path, out: RecordCollector) -> list[tuple[int, dict[str, Any]]]:
     rows = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
@@ -186,51 +186,55 @@ def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}: line {line_no}: invalid JSON: {e.msg}") from None
+                out.reject(path, f"line {line_no}", f"invalid JSON: {e.msg} (column {e.colno})")
+                continue
             if not isinstance(row, dict):
-                raise DatasetError(f"{path}: line {line_no}: expected a JSON object, got {type(row).__name__}")
+                out.reject(path, f"line {line_no}", f"expected a JSON object, got {type(row).__name__}")
+                continue
             rows.append((line_no, row))
     return rows
 
 
 def load_jsonl(path: str | Path, split: str | None = "test", root: str | Path | None = None,
-               dataset: str | None = None, check_images: bool = True, limit: int | None = None,
-               image_root: str | Path | None = None) -> VQADataset:
+               dataset: str | None = None, check_images: bool | str = "exists", limit: int | None = None,
+               image_root: str | Path | None = None, on_invalid: str = "error") -> VQADataset:
     """Load a JSONL manifest (see the module docstring).
 
     ``split=None`` keeps every row; otherwise rows whose ``split`` field names another split are
     dropped (rows without one are kept), and a manifest whose rows name splits but none of
     ``split`` is an error listing the splits it has. ``root``: folder relative paths resolve
     against (default: the manifest's folder); ``image_root`` is its deprecated old name.
-    ``dataset``: the dataset's name (default: see :func:`default_name`).
+    ``dataset``: the dataset's name (default: see :func:`default_name`). ``on_invalid``
+    (``"error"``/``"skip"``) and ``check_images`` (``"exists"``/``"decode"``/``"none"``, or
+    ``True``/``False``): see :mod:`medvqa_env.datasets.common`.
     """
     path = Path(path).absolute()
     if not path.is_file():
         raise DatasetError(f"manifest {str(path)!r} does not exist" + (" (it is a directory)" if path.is_dir() else ""))
     base = _root(path, root, image_root)
-    rows = _read_rows(path)
-    name = dataset or default_name([r for _, r in rows], path)
+    out = RecordCollector("jsonl", on_invalid, check_images, sources=[path], limit=limit)
+    rows = _read_rows(path, out)
+    out.name = name = dataset or default_name([r for _, r in rows], path)
     wanted = split_key(split) if split is not None else None
     selected = [(n, r) for n, r in rows if wanted is None or not r.get("split") or split_matches(r["split"], wanted)]
     if wanted is not None and rows and not selected:
         have = sorted({split_key(r["split"]) for _, r in rows if r.get("split")})
         raise DatasetError(f"{path}: no row has split {split!r}; the manifest's splits are {have}")
-    records: list[VQARecord] = []
-    first_line: dict[str, int] = {}
     for line_no, row in selected:
         try:
             record = record_from_row(row, line=line_no, dataset=name, split=wanted or "test", root=base)
         except DatasetError as e:
-            raise DatasetError(f"{path}: {e}") from None
-        if record.id in first_line:
-            raise DatasetError(f"{path}: line {line_no}: record {record.id!r}: duplicate id "
-                               f"(first used on line {first_line[record.id]})")
-        first_line[record.id] = line_no
-        for p in record.image_paths if check_images else ():
-            problem = image_problem(p)
-            if problem:
-                raise DatasetError(f"{path}: line {line_no}: record {record.id!r}: image {p!r} {problem}")
-        records.append(record)
-        if limit is not None and len(records) >= limit:
+            where, _, reason = str(e).partition(": ")
+            out.reject(path, where, reason, _row_id(row, name, line_no))
+            continue
+        out.add(record, path, f"line {line_no}")
+        if out.full:
             break
-    return VQADataset(records, name=name)
+    return out.dataset()
+
+
+def _row_id(row: Mapping[str, Any], dataset: str, line: int) -> str | None:
+    try:
+        return _record_id(row, dataset, line)
+    except Exception:  # noqa: BLE001 -- a row too broken to name
+        return None

@@ -122,16 +122,36 @@ def _unique(records: list[VQARecord], datasets: Sequence[VQADataset], name: str)
             if owner.setdefault(r.id, d.name) != d.name:
                 raise DatasetError(f"mixture {name!r}: record id {r.id!r} is in both {owner[r.id]!r} and "
                                    f"{d.name!r}; ids must be unique across the components")
-    return VQADataset(records, name=name)
+    return _with_provenance(VQADataset(records, name=name), datasets)
+
+
+def _with_provenance(mixed: VQADataset, datasets: Sequence[VQADataset]) -> VQADataset:
+    """The mixture's provenance: its components' (files, checks) and all their skipped rows."""
+    from medvqa_env.provenance import DatasetProvenance, attach_provenance, dataset_provenance
+
+    parts = [dataset_provenance(d) or DatasetProvenance(d.name, n_records=len(d)) for d in datasets]
+    policies = {p.on_invalid for p in parts}
+    checks = {p.check_images for p in parts}
+    return attach_provenance(mixed, DatasetProvenance(
+        name=mixed.name, sources=[s for p in parts for s in p.sources], n_records=len(mixed),
+        on_invalid=policies.pop() if len(policies) == 1 else "mixed",
+        check_images=checks.pop() if len(checks) == 1 else "mixed",
+        n_images_checked=sum(p.n_images_checked for p in parts),
+        n_images_decoded=sum(p.n_images_decoded for p in parts),
+        skipped=[{"dataset": p.name, **row} for p in parts for row in p.skipped],
+        components=[p.to_dict() for p in parts]))
 
 
 def load_mixture(split: str = "test", components: Sequence[str | Mapping[str, Any]] = (), size: int | None = None,
-                 seed: int = 0, name: str = "mixture") -> VQADataset:
+                 seed: int = 0, name: str = "mixture", on_invalid: str | None = None,
+                 check_images: bool | str | None = None) -> VQADataset:
     """Load each component with :func:`~medvqa_env.datasets.load_dataset` and :func:`mix` them.
 
     ``components``: dataset names, or ``{"name": ..., "weight": w, "split": s, **loader options}``
     (``split`` defaults to the mixture's; ``weight`` to 1 once any component has one). No weights
     and no ``size``: the combined set. Any weight or a ``size``: sampled by weight with ``seed``.
+    ``on_invalid`` / ``check_images`` given here go to every component that does not set its own;
+    the mixture's provenance lists each component's and all their skipped rows.
     """
     from medvqa_env.datasets import load_dataset
 
@@ -144,6 +164,9 @@ def load_mixture(split: str = "test", components: Sequence[str | Mapping[str, An
         if not isinstance(spec.get("name"), str):
             raise ConfigError(f"component {i}: expected a 'name' (a dataset name), got {spec!r:.120}")
         ds_name, weight = spec.pop("name"), spec.pop("weight", None)
+        for key, value in (("on_invalid", on_invalid), ("check_images", check_images)):
+            if value is not None:
+                spec.setdefault(key, value)
         try:
             datasets.append(load_dataset(ds_name, split=spec.pop("split", split), **spec))
         except (DatasetError, ConfigError) as e:

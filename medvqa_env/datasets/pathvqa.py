@@ -22,7 +22,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from medvqa_env.datasets.common import canonical_split, check_image_files, local_root
+from medvqa_env.datasets.common import RecordCollector, canonical_split, local_root
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 
@@ -86,12 +86,14 @@ def _image_path(folder: Path, name: str) -> Path:
         p = folder / f"{name}{suffix}"
         if p.is_file():
             return p
-    return folder / f"{name}.jpg"  # reported as missing by check_image_files
+    return folder / f"{name}.jpg"  # reported as missing by the image check
 
 
 def load_pathvqa(split: str = "test", root: str | Path | None = None, limit: int | None = None,
-                 trusted: bool = False) -> VQADataset:
-    """Load a PathVQA split (``train``, ``val``, ``test``) from the local folder ``root``."""
+                 trusted: bool = False, on_invalid: str = "error", check_images: bool | str = "exists") -> VQADataset:
+    """Load a PathVQA split (``train``, ``val``, ``test``) from the local folder ``root``.
+    ``on_invalid`` (``"error"``/``"skip"``) and ``check_images`` (``"exists"``/``"decode"``/``"none"``):
+    see :mod:`medvqa_env.datasets.common`."""
     base = local_root(root, "MEDVQA_PATHVQA", "PathVQA")
     if (base / "split").is_dir():
         base = base / "split"
@@ -106,12 +108,13 @@ def load_pathvqa(split: str = "test", root: str | Path | None = None, limit: int
     if not isinstance(rows, list):
         raise DatasetError(f"{manifest}: expected a pickled list of dicts, got {type(rows).__name__}")
     image_dir = base / "images" / key
-    records = []
+    out = RecordCollector("pathvqa", on_invalid, check_images, sources=[manifest], limit=limit)
     for i, row in enumerate(rows):
+        rid = f"pathvqa_{key}_{i}"
         try:
             image, question, answer, declared = _fields(row)
-            records.append(VQARecord(
-                id=f"pathvqa_{key}_{i}",
+            record = VQARecord(
+                id=rid,
                 image_paths=(str(_image_path(image_dir, image)),),
                 question=question.strip(),
                 answer=answer.strip(),
@@ -120,10 +123,11 @@ def load_pathvqa(split: str = "test", root: str | Path | None = None, limit: int
                 split=key,
                 modality="Pathology",
                 metadata={"image": image, "source_index": i},
-            ))
+            )
         except DatasetError as e:
-            raise DatasetError(f"{manifest}: entry {i}: {e}") from None
-        if limit is not None and len(records) >= limit:
+            out.reject(manifest, f"entry {i}", str(e), rid)
+            continue
+        out.add(record, manifest, f"entry {i}")
+        if out.full:
             break
-    check_image_files(records, str(manifest))
-    return VQADataset(records, name="pathvqa")
+    return out.dataset()

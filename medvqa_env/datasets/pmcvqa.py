@@ -17,7 +17,7 @@ import csv
 import re
 from pathlib import Path
 
-from medvqa_env.datasets.common import check_image_files, local_root
+from medvqa_env.datasets.common import RecordCollector, local_root
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 
@@ -62,8 +62,11 @@ def _image_dir(root: Path, rel: str) -> Path:
 
 
 def load_pmcvqa(split: str = "test", root: str | Path | None = None, limit: int | None = None,
-                image_dir: str | Path | None = None) -> VQADataset:
-    """Load one PMC-VQA CSV as MCQ records. ``image_dir`` overrides where figures are looked up."""
+                image_dir: str | Path | None = None, on_invalid: str = "error",
+                check_images: bool | str = "exists") -> VQADataset:
+    """Load one PMC-VQA CSV as MCQ records. ``image_dir`` overrides where figures are looked up.
+    ``on_invalid`` (``"error"``/``"skip"``) and ``check_images`` (``"exists"``/``"decode"``/``"none"``):
+    see :mod:`medvqa_env.datasets.common`."""
     root = local_root(root, "MEDVQA_PMCVQA", "PMC-VQA")
     key = str(split)
     manifest = root / f"{key}.csv"
@@ -71,7 +74,7 @@ def load_pmcvqa(split: str = "test", root: str | Path | None = None, limit: int 
         have = sorted(p.stem for p in root.glob("*.csv"))
         raise DatasetError(f"PMC-VQA split {split!r} not found: no {str(manifest)!r}; CSVs in root: {have} "
                            f"(published: {list(SPLITS)})")
-    records: list[VQARecord] = []
+    out = RecordCollector("pmcvqa", on_invalid, check_images, sources=[manifest], limit=limit)
     folder: Path | None = Path(image_dir) if image_dir else None
     try:
         with manifest.open(encoding="utf-8-sig", newline="") as f:
@@ -81,6 +84,7 @@ def load_pmcvqa(split: str = "test", root: str | Path | None = None, limit: int 
                 raise DatasetError(f"{manifest}: missing column(s) {missing}; have {reader.fieldnames}")
             for index, row in enumerate(reader):
                 line = reader.line_num
+                rid = f"pmcvqa_{key}_{index}"
                 try:
                     options = {L: strip_choice(row[f"Choice {L}"], L) for L in LETTERS
                                if (row.get(f"Choice {L}") or "").strip()}
@@ -89,8 +93,8 @@ def load_pmcvqa(split: str = "test", root: str | Path | None = None, limit: int 
                         raise DatasetError("empty Figure_path")
                     if folder is None:
                         folder = _image_dir(root, rel)
-                    records.append(VQARecord(
-                        id=f"pmcvqa_{key}_{index}",
+                    record = VQARecord(
+                        id=rid,
                         image_paths=(str(folder / rel),),
                         question=(row["Question"] or "").strip(),
                         answer=_letter(row, options),
@@ -100,14 +104,15 @@ def load_pmcvqa(split: str = "test", root: str | Path | None = None, limit: int 
                         options=options,
                         metadata={"answer_text": (row.get("Answer") or "").strip(), "figure": rel,
                                   "source_row": index},
-                    ))
+                    )
                 except DatasetError as e:
-                    raise DatasetError(f"{manifest}: line {line}: {e}") from None
-                if limit is not None and len(records) >= limit:
+                    out.reject(manifest, f"line {line}", str(e), rid)
+                    continue
+                out.add(record, manifest, f"line {line}")
+                if out.full:
                     break
     except csv.Error as e:
         raise DatasetError(f"{manifest}: malformed CSV: {e}") from None
     except UnicodeDecodeError as e:
         raise DatasetError(f"{manifest}: not UTF-8 text: {e}") from None
-    check_image_files(records, str(manifest))
-    return VQADataset(records, name="pmcvqa")
+    return out.dataset()

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from medvqa_env.datasets.common import canonical_split, check_image_files, local_root
+from medvqa_env.datasets.common import RecordCollector, canonical_split, json_error, local_root
 from medvqa_env.datasets.jsonl import infer_answer_type
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import Annotations, AnswerType, Box, Mask, VQADataset, VQARecord
@@ -64,7 +64,7 @@ def _annotations(folder: Path, cache: dict[Path, Annotations]) -> Annotations:
         try:
             boxes = parse_detection(json.loads(det.read_text(encoding="utf-8")), str(det))
         except json.JSONDecodeError as e:
-            raise DatasetError(f"{det}: invalid JSON: {e.msg} (line {e.lineno})") from None
+            raise json_error(det, e) from None
     mask = folder / "mask.png"
     masks = (Mask("mask", str(mask)),) if mask.is_file() else ()
     cache[folder] = Annotations(boxes=boxes, masks=masks)
@@ -72,11 +72,15 @@ def _annotations(folder: Path, cache: dict[Path, Annotations]) -> Annotations:
 
 
 def load_slake(split: str = "test", root: str | Path | None = None, lang: str | None = "en",
-               limit: int | None = None, annotations: bool = True) -> VQADataset:
+               limit: int | None = None, annotations: bool = True, on_invalid: str = "error",
+               check_images: bool | str = "exists") -> VQADataset:
     """Load a SLAKE split (``train``, ``val``/``validate``, ``test``).
 
     ``lang``: ``"en"`` (default), ``"zh"``, or ``None`` for both. ``annotations=False`` skips
-    reading masks and boxes.
+    reading masks and boxes. ``on_invalid``: ``"error"`` (default) or ``"skip"`` a bad entry (the
+    official ``train.json`` has one English question with an empty answer, qid 1622);
+    ``check_images``: ``"exists"``, ``"decode"`` or ``"none"`` (see
+    :mod:`medvqa_env.datasets.common`).
     """
     root = local_root(root, "MEDVQA_SLAKE", "SLAKE")
     key = canonical_split(split, tuple(SPLIT_FILES), "SLAKE")
@@ -86,21 +90,23 @@ def load_slake(split: str = "test", root: str | Path | None = None, lang: str | 
     try:
         rows = json.loads(manifest.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{manifest}: invalid JSON: {e.msg} (line {e.lineno})") from None
+        raise json_error(manifest, e) from None
     if not isinstance(rows, list):
         raise DatasetError(f"{manifest}: expected a JSON list of questions, got {type(rows).__name__}")
     ann_cache: dict[Path, Annotations] = {}
-    records = []
+    out = RecordCollector("slake", on_invalid, check_images, sources=[manifest], limit=limit)
     for i, row in enumerate(rows):
+        rid = None
         try:
-            if lang is not None and str(row.get("q_lang", "en")) != lang:
+            if lang is not None and isinstance(row, dict) and str(row.get("q_lang", "en")) != lang:
                 continue
+            qid = row.get("qid", i)
+            rid = f"slake_{key}_{qid}"
             image = root / "imgs" / str(row["img_name"])
             answer = str(row["answer"]).strip()
             kind = AnswerType.parse(row["answer_type"]) if row.get("answer_type") else infer_answer_type(answer, {})
-            qid = row.get("qid", i)
-            records.append(VQARecord(
-                id=f"slake_{key}_{qid}",
+            record = VQARecord(
+                id=rid,
                 image_paths=(str(image),),
                 question=str(row["question"]).strip(),
                 answer=answer,
@@ -113,12 +119,14 @@ def load_slake(split: str = "test", root: str | Path | None = None, lang: str | 
                 annotations=_annotations(image.parent, ann_cache) if annotations else Annotations(),
                 metadata={k: row[k] for k in ("img_id", "q_lang", "base_type", "content_type", "location")
                           if k in row} | {"source_qid": qid},
-            ))
+            )
         except DatasetError as e:
-            raise DatasetError(f"{manifest}: entry {i}: {e}") from None
+            out.reject(manifest, f"entry {i}", str(e), rid)
+            continue
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DatasetError(f"{manifest}: entry {i}: {type(e).__name__}: {e}") from None
-        if limit is not None and len(records) >= limit:
+            out.reject(manifest, f"entry {i}", f"{type(e).__name__}: {e}", rid)
+            continue
+        out.add(record, manifest, f"entry {i}")
+        if out.full:
             break
-    check_image_files(records, str(manifest))
-    return VQADataset(records, name="slake")
+    return out.dataset()

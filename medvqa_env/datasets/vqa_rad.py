@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from medvqa_env.datasets.common import canonical_split, check_image_files
+from medvqa_env.datasets.common import RecordCollector, canonical_split, json_error
 from medvqa_env.datasets.jsonl import infer_answer_type
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
@@ -24,7 +24,10 @@ def default_root() -> Path:
 
 
 def load_vqa_rad(split: str = "test", root: str | Path | None = None, limit: int | None = None,
-                 answer_types: tuple[str, ...] | None = None) -> VQADataset:
+                 answer_types: tuple[str, ...] | None = None, on_invalid: str = "error",
+                 check_images: bool | str = "exists") -> VQADataset:
+    """Load a VQA-RAD split (``train``, ``test``). ``on_invalid`` (``"error"``/``"skip"``) and
+    ``check_images`` (``"exists"``/``"decode"``/``"none"``): see :mod:`medvqa_env.datasets.common`."""
     root = Path(os.path.abspath(root or default_root()))
     split = canonical_split(split, tuple(SPLIT_FILES), "VQA-RAD")
     candidates = [root / "source" / SPLIT_FILES[split], root / SPLIT_FILES[split]]
@@ -35,17 +38,21 @@ def load_vqa_rad(split: str = "test", root: str | Path | None = None, limit: int
     try:
         rows = json.loads(manifest.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{manifest}: invalid JSON: {e.msg} (line {e.lineno})") from None
-    records = []
+        raise json_error(manifest, e) from None
+    if not isinstance(rows, list):
+        raise DatasetError(f"{manifest}: expected a JSON list of questions, got {type(rows).__name__}")
+    out = RecordCollector("vqa_rad", on_invalid, check_images, sources=[manifest], limit=limit)
     wanted = {AnswerType.parse(t) for t in answer_types} if answer_types else None
     for i, row in enumerate(rows):
+        rid = None
         try:
+            rid = f"vqarad_{split}_{row['qid']}"
             answer = str(row["answer"]).strip()
             kind = AnswerType.parse(row["answer_type"]) if row.get("answer_type") else infer_answer_type(answer, {})
             if wanted and kind not in wanted:
                 continue
-            records.append(VQARecord(
-                id=f"vqarad_{split}_{row['qid']}",
+            record = VQARecord(
+                id=rid,
                 image_paths=(str(image_dir / row["image_name"]),),
                 question=str(row["question"]).strip(),
                 answer=answer,
@@ -56,10 +63,14 @@ def load_vqa_rad(split: str = "test", root: str | Path | None = None, limit: int
                 organ=str(row.get("image_organ", "")).strip().upper() or None,
                 question_type=row.get("question_type"),
                 metadata={"phrase_type": row.get("phrase_type"), "source_qid": row["qid"]},
-            ))
+            )
+        except DatasetError as e:
+            out.reject(manifest, f"entry {i}", str(e), rid)
+            continue
         except (KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"{manifest}: entry {i}: {type(e).__name__}: {e}") from None
-        if limit is not None and len(records) >= limit:
+            out.reject(manifest, f"entry {i}", f"{type(e).__name__}: {e}", rid)
+            continue
+        out.add(record, manifest, f"entry {i}")
+        if out.full:
             break
-    check_image_files(records, str(manifest))
-    return VQADataset(records, name="vqa_rad")
+    return out.dataset()

@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from medvqa_env.datasets.common import canonical_split, image_problem, local_root
+from medvqa_env.datasets.common import RecordCollector, canonical_split, local_root
 from medvqa_env.errors import DatasetError
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 
@@ -156,7 +156,7 @@ def _image(folder: Path, image_id: str) -> Path:
     return folder / f"{image_id}.jpg"  # reported as missing by the loader
 
 
-def _rows(root: Path, part: Part, edition: int, split: str) -> list[dict] | None:
+def _rows(root: Path, part: Part, edition: int, split: str, out: RecordCollector) -> list[dict] | None:
     qa = _find(root, part.qa, want_dir=False)
     if qa is None:
         if part.optional:
@@ -165,48 +165,55 @@ def _rows(root: Path, part: Part, edition: int, split: str) -> list[dict] | None
     images = _find(root, part.images, want_dir=True, near=qa.parent)
     if images is None:
         raise DatasetError(f"VQA-Med {edition} {split}: image folder {part.images!r} not found under {str(root)!r}")
+    out.sources.append(str(qa))
     answers: dict[str, list[str]] = {}
     if part.answers:
         ref = _find(root, part.answers, want_dir=False, near=qa.parent)
         if ref is None:
             raise DatasetError(f"VQA-Med {edition} {split}: reference answers {part.answers!r} not found under "
                                f"{str(root)!r}")
+        out.sources.append(str(ref))
         answers = {cells[0]: [a for a in cells[1:] if a] for _, cells in _lines(ref)}
     categories = _categories(qa, part.categories) if part.categories else {}
     rows = []
     for line, cells in _lines(qa):
-        where = f"{qa}: line {line}"
         if len(cells) != len(part.fields):
-            raise DatasetError(f"{where}: expected {len(part.fields)} fields {'|'.join(part.fields)}, got {len(cells)}")
+            out.reject(qa, f"line {line}", f"expected {len(part.fields)} fields {'|'.join(part.fields)}, "
+                                           f"got {len(cells)}")
+            continue
         row = dict(zip(part.fields, cells))
         if part.answers:
             if not answers.get(row["image"]):
-                raise DatasetError(f"{where}: image {row['image']!r} has no reference answer in {part.answers}")
+                out.reject(qa, f"line {line}", f"image {row['image']!r} has no reference answer in {part.answers}")
+                continue
             variants = list(dict.fromkeys(answers[row["image"]]))
         else:
             variants = answer_variants(row["answer"], part.markers)
-        row.update(where=where, variants=variants, image_path=_image(images, row["image"]),
+        row.update(source=qa, line=line, variants=variants, image_path=_image(images, row["image"]),
                    category=row.get("category") or categories.get((row["image"], row["question"])))
         rows.append(row)
     return rows
 
 
 def load_vqamed(split: str = "test", root: str | Path | None = None, edition: int = 2019,
-                limit: int | None = None) -> VQADataset:
-    """Load a VQA-Med split (``train``, ``val``, ``test``) of ``edition`` 2019 or 2021."""
+                limit: int | None = None, on_invalid: str = "error", check_images: bool | str = "exists") -> VQADataset:
+    """Load a VQA-Med split (``train``, ``val``, ``test``) of ``edition`` 2019 or 2021.
+    ``on_invalid`` (``"error"``/``"skip"``) and ``check_images`` (``"exists"``/``"decode"``/``"none"``):
+    see :mod:`medvqa_env.datasets.common`."""
     if edition not in LAYOUTS:
         raise DatasetError(f"VQA-Med editions are {sorted(LAYOUTS)}, got {edition!r}")
     base = local_root(root, "MEDVQA_VQAMED", "VQA-Med")
     key = canonical_split(split, tuple(LAYOUTS[edition]), "VQA-Med")
-    records: list[VQARecord] = []
+    out = RecordCollector(f"vqamed{edition}", on_invalid, check_images, limit=limit)
     seen: dict[str, int] = {}
     for part in LAYOUTS[edition][key]:
-        for row in _rows(base, part, edition, key) or ():
+        for row in _rows(base, part, edition, key, out) or ():
             k = seen[row["image"]] = seen.get(row["image"], -1) + 1
+            rid = f"vqamed{edition}_{key}_{row['image']}_{k}"
             answer = row["variants"][0] if row["variants"] else ""
             try:
-                records.append(VQARecord(
-                    id=f"vqamed{edition}_{key}_{row['image']}_{k}",
+                record = VQARecord(
+                    id=rid,
                     image_paths=(str(row["image_path"]),),
                     question=row["question"],
                     answer=answer,
@@ -216,15 +223,13 @@ def load_vqamed(split: str = "test", root: str | Path | None = None, edition: in
                     question_type=row["category"],
                     metadata={"image_id": row["image"], "answer_alternatives": row["variants"],
                               "source_file": part.qa},
-                ))
+                )
             except DatasetError as e:
-                raise DatasetError(f"{row['where']}: {e}") from None
-            problem = image_problem(records[-1].image_paths[0])
-            if problem:
-                raise DatasetError(f"{row['where']}: record {records[-1].id!r}: image "
-                                   f"{records[-1].image_paths[0]!r} {problem}")
-            if limit is not None and len(records) >= limit:
+                out.reject(row["source"], f"line {row['line']}", str(e), rid)
+                continue
+            out.add(record, row["source"], f"line {row['line']}")
+            if out.full:
                 break
-        if limit is not None and len(records) >= limit:
+        if out.full:
             break
-    return VQADataset(records, name=f"vqamed{edition}")
+    return out.dataset()

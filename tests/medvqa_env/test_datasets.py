@@ -86,16 +86,23 @@ def test_slake_env_root(slake_root, monkeypatch):
 
 def test_slake_errors_name_record_and_file(slake_root):
     (slake_root / "imgs" / "xmlab2" / "source.jpg").unlink()
-    with pytest.raises(DatasetError, match=r"test\.json.*'slake_test_2'.*xmlab2/source\.jpg"):
+    with pytest.raises(DatasetError, match=r"test\.json: entry 2: record 'slake_test_2': image .*xmlab2/source\.jpg' "
+                                           r"does not exist$"):
         load_dataset("slake", root=slake_root)
+    # every missing image is counted; the first is named with its entry
+    with pytest.raises(DatasetError, match=r"test\.json: entry 0: record 'slake_test_0': image .*xmlab1/source\.jpg' "
+                                           r"does not exist \(3 of 3 records have an unreadable image; "
+                                           r"on_invalid='skip' loads the others"):
+        (slake_root / "imgs" / "xmlab1" / "source.jpg").unlink()
+        load_dataset("slake", root=slake_root, lang=None)
     (slake_root / "imgs" / "xmlab1" / "detection.json").write_text('[{"Liver": [1, 2]}]')
     with pytest.raises(DatasetError, match=r"detection\.json.*\[x, y, w, h\]"):
         load_dataset("slake", split="train", root=slake_root)
-    (slake_root / "test.json").write_text("[{")
-    with pytest.raises(DatasetError, match="test.json: invalid JSON"):
+    (slake_root / "test.json").write_text('[{"qid": 1,\n  "answer": "x",}]')
+    with pytest.raises(DatasetError, match=r"test\.json: invalid JSON: Expecting property name .*\(line 2, column 17\)"):
         load_dataset("slake", root=slake_root)
     (slake_root / "test.json").write_text(json.dumps([{"img_name": "xmlab1/source.jpg", "answer": "x"}]))
-    with pytest.raises(DatasetError, match=r"entry 0: KeyError: 'question'"):
+    with pytest.raises(DatasetError, match=r"entry 0: record 'slake_test_0': KeyError: 'question'"):
         load_dataset("slake", root=slake_root)
     with pytest.raises(DatasetError, match="SLAKE splits are"):
         load_dataset("slake", split="dev2", root=slake_root)
@@ -161,7 +168,7 @@ def test_pathvqa_errors(pathvqa_root):
     with pytest.raises(DatasetError, match=r"'pathvqa_test_2'.*test_0002\.jpg.*does not exist"):
         load_dataset("pathvqa", root=pathvqa_root)
     (pathvqa_root / "split" / "qas" / "test" / "test_qa.pkl").write_bytes(pickle.dumps([{"image": "x"}]))
-    with pytest.raises(DatasetError, match=r"entry 0: missing field\(s\) \['question', 'answer'\]"):
+    with pytest.raises(DatasetError, match=r"entry 0: record 'pathvqa_test_0': missing field\(s\) \['question', 'answer'\]"):
         load_dataset("pathvqa", root=pathvqa_root)
     with pytest.raises(DatasetError, match="PathVQA train file not found"):
         load_dataset("pathvqa", split="train", root=pathvqa_root)
@@ -214,7 +221,7 @@ def test_pmcvqa_figures_folder_and_errors(pmc_root):
         load_dataset("pmcvqa", split="test", root=pmc_root)
     with (pmc_root / "test.csv").open("w", newline="") as f:
         csv.writer(f).writerows([PMC_COLUMNS, ["PMC1_fig1.jpg", "q", "zzz", "A:CT", "B:MRI", "", "", ""]])
-    with pytest.raises(DatasetError, match=r"line 2: no answer letter"):
+    with pytest.raises(DatasetError, match=r"line 2: record 'pmcvqa_test_0': no answer letter"):
         load_dataset("pmcvqa", split="test", root=pmc_root)
 
 
@@ -328,3 +335,169 @@ def test_vqa_rad_real_counts(vqa_rad_root):
     assert {r.organ for r in test} == {"HEAD", "CHEST", "ABD"}
     closed = load_dataset("vqa_rad", split="test", root=vqa_rad_root, answer_types=("CLOSED",))
     assert len(closed) == 272
+
+
+# -- dirty rows: on_invalid="error" (default) names the row, "skip" leaves it out, named and counted --
+def _official_slake_train(root: Path) -> list[dict]:
+    """A ``train.json`` in the official SLAKE shape (field order and types as published) holding what
+    the real file holds that matters here: English and Chinese questions, and one English question
+    whose answer is ``""`` (qid 1622 in the official file)."""
+    for i in (1, 2, 3):
+        _image(root / "imgs" / f"xmlab{i}" / "source.jpg", i)
+    rows = [_slake_row(1620, 1, "Does the picture contain liver?", "Yes", "CLOSED"),
+            _slake_row(1621, 1, "图片中包含肝脏吗?", "是", "CLOSED", lang="zh"),
+            _slake_row(1622, 2, "What diseases are included in the picture?", "", "OPEN"),
+            _slake_row(1623, 3, "Which organ is the largest?", "Liver", "OPEN")]
+    (root / "train.json").write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
+    return rows
+
+
+def test_slake_official_train_loads_with_its_empty_answer_skipped(tmp_path, caplog):
+    from medvqa_env.provenance import dataset_provenance
+
+    root = tmp_path / "Slake1.0"
+    _official_slake_train(root)
+    with pytest.raises(DatasetError, match=r"train\.json: entry 2: record 'slake_train_1622' has an empty answer"):
+        load_dataset("slake", split="train", root=root)
+    with caplog.at_level("WARNING", logger="medvqa_env.datasets"):
+        ds = load_dataset("slake", split="train", root=root, on_invalid="skip")
+    assert [r.id for r in ds] == ["slake_train_1620", "slake_train_1623"]
+    prov = dataset_provenance(ds)
+    assert prov.n_skipped == 1 and prov.n_records == 2 and prov.on_invalid == "skip"
+    assert prov.skipped == [{"source": str(root / "train.json"), "where": "entry 2", "record_id": "slake_train_1622",
+                             "reason": "record 'slake_train_1622' has an empty answer (got '')"}]
+    assert prov.skipped_by_reason() == {"empty answer": 1}
+    assert prov.sources == [str(root / "train.json")] and prov.n_images_checked == 2
+    assert "slake: skipped 1 invalid row(s)" in caplog.text and "entry 2" in caplog.text
+    # the Chinese twin is not English, so it was never a candidate; with lang=None it loads
+    assert len(load_dataset("slake", split="train", root=root, on_invalid="skip", lang=None)) == 3
+
+
+def test_skip_lists_every_kind_of_bad_row_and_limit_counts_good_ones(slake_root, pathvqa_root, pmc_root):
+    from medvqa_env.provenance import dataset_provenance
+
+    rows = json.loads((slake_root / "test.json").read_text(encoding="utf-8"))
+    rows += [{"qid": 7, "img_name": "xmlab9/source.jpg", "question": "Gone?", "answer": "yes", "q_lang": "en"},
+             {"qid": 8, "img_name": "xmlab1/source.jpg", "answer": "no", "q_lang": "en"},
+             {**rows[0]}]  # qid 0 again
+    (slake_root / "test.json").write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+    ds = load_dataset("slake", root=slake_root, on_invalid="skip")
+    assert [r.id for r in ds] == ["slake_test_0", "slake_test_2"]
+    skipped = dataset_provenance(ds).skipped
+    assert [(s["where"], s["record_id"]) for s in skipped] == [("entry 3", "slake_test_7"), ("entry 4", "slake_test_8"),
+                                                               ("entry 5", "slake_test_0")]
+    assert "xmlab9/source.jpg' does not exist" in skipped[0]["reason"]
+    assert skipped[1]["reason"] == "KeyError: 'question'"
+    assert skipped[2]["reason"] == "duplicate id (first used on entry 0)"
+    with pytest.raises(DatasetError, match=r"entry 4: record 'slake_test_8': KeyError: 'question'"):
+        load_dataset("slake", root=slake_root, check_images="none")
+    assert len(load_dataset("slake", root=slake_root, on_invalid="skip", limit=2)) == 2
+    # PathVQA and PMC-VQA: the same policy
+    (pathvqa_root / "split" / "qas" / "test" / "test_qa.pkl").write_bytes(pickle.dumps(
+        [{"image": "test_0000"}, {"image": "test_0001", "question": "What?", "answer": "granuloma"}]))
+    pv = load_dataset("pathvqa", root=pathvqa_root, on_invalid="skip")
+    assert [r.id for r in pv] == ["pathvqa_test_1"]
+    assert dataset_provenance(pv).skipped[0]["where"] == "entry 0"
+    with (pmc_root / "test.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([PMC_COLUMNS, ["PMC1_fig1.jpg", "q", "zzz", "A:CT", "B:MRI", "", "", ""],
+                                 ["PMC1_fig1.jpg", "q2", "CT", "A:CT", "B:MRI", "", "", "A"]])
+    pmc = load_dataset("pmcvqa", split="test", root=pmc_root, on_invalid="skip")
+    assert [r.id for r in pmc] == ["pmcvqa_test_1"]
+    assert dataset_provenance(pmc).skipped[0]["where"] == "line 2"
+    with pytest.raises(DatasetError, match=r"expected on_invalid in \['error', 'skip'\], got 'ignore'"):
+        load_dataset("pmcvqa", split="test", root=pmc_root, on_invalid="ignore")
+    with pytest.raises(DatasetError, match=r"expected check_images in \['exists', 'decode', 'none'\]"):
+        load_dataset("pmcvqa", split="test", root=pmc_root, check_images="open")
+
+
+def test_jsonl_skip_names_line_id_and_reason(tmp_path):
+    from medvqa_env.provenance import dataset_provenance
+
+    _image(tmp_path / "a.png", 1)
+    lines = [json.dumps({"id": "ok1", "image": "a.png", "question": "Is it?", "answer": "yes"}),
+             '{"id": "broken", "image": "a.png",, }',
+             json.dumps({"id": "empty", "image": "a.png", "question": "What?", "answer": ""}),
+             json.dumps({"id": "ok1", "image": "a.png", "question": "Again?", "answer": "no"}),
+             json.dumps({"id": "gone", "image": "b.png", "question": "What?", "answer": "x"}),
+             json.dumps([1, 2]),
+             json.dumps({"id": "ok2", "image": "a.png", "question": "Which?", "answer": "liver"})]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetError, match=r"m\.jsonl: line 2: invalid JSON: Expecting property name .*\(column 35\)"):
+        load_dataset(str(tmp_path / "m.jsonl"))
+    ds = load_dataset(str(tmp_path / "m.jsonl"), on_invalid="skip")
+    assert [r.id for r in ds] == ["ok1", "ok2"]
+    prov = dataset_provenance(ds)
+    assert [(s["where"], s["record_id"]) for s in prov.skipped] == [
+        ("line 2", None), ("line 6", None), ("line 3", "empty"), ("line 4", "ok1"), ("line 5", "gone")]
+    assert prov.skipped_by_reason() == {"duplicate id": 1, "the answer is empty": 1, "expected a JSON object,": 1,
+                                        "image does not exist": 1, "invalid JSON Expecting property": 1}
+
+
+def test_decode_check_finds_unreadable_images_at_load(tmp_path):
+    from medvqa_env.provenance import dataset_provenance
+
+    _image(tmp_path / "a.png", 1)
+    (tmp_path / "truncated.png").write_bytes((tmp_path / "a.png").read_bytes()[:60])
+    (tmp_path / "text.jpg").write_text("not an image")
+    rows = [{"id": "good", "image": "a.png", "question": "Is it?", "answer": "yes"},
+            {"id": "cut", "image": "truncated.png", "question": "Is it?", "answer": "yes"},
+            {"id": "txt", "image": "text.jpg", "question": "Is it?", "answer": "no"},
+            {"id": "good2", "image": "a.png", "question": "Which?", "answer": "x"}]
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert len(load_dataset(str(tmp_path / "m.jsonl"))) == 4  # the files exist: the default check passes
+    with pytest.raises(DatasetError, match=r"line 2: record 'cut': image .*truncated\.png' cannot be decoded: .*"
+                                           r"\(2 of 4 records have an unreadable image"):
+        load_dataset(str(tmp_path / "m.jsonl"), check_images="decode")
+    ds = load_dataset(str(tmp_path / "m.jsonl"), check_images="decode", on_invalid="skip")
+    prov = dataset_provenance(ds)
+    assert [r.id for r in ds] == ["good", "good2"] and [s["record_id"] for s in prov.skipped] == ["cut", "txt"]
+    assert (prov.check_images, prov.n_images_checked, prov.n_images_decoded) == ("decode", 3, 1)
+    assert "text.jpg' cannot be decoded" in prov.skipped[1]["reason"]
+    none = dataset_provenance(load_dataset(str(tmp_path / "m.jsonl"), check_images=False))
+    assert (none.check_images, none.n_images_checked) == ("none", 0)
+
+
+def test_mixture_passes_the_policy_down_and_collects_skips(tmp_path):
+    from medvqa_env.provenance import dataset_provenance
+
+    root = tmp_path / "Slake1.0"
+    _official_slake_train(root)
+    _image(tmp_path / "a.png", 1)
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "j1", "image": "a.png", "question": "Q?", "answer": "yes"})
+                                      + "\n{broken\n")
+    with pytest.raises(DatasetError, match="component 0 .*'slake_train_1622' has an empty answer"):
+        load_dataset("mixture", split="train", components=[{"name": "slake", "root": str(root)}])
+    mixed = load_dataset("mixture", split="train", on_invalid="skip", components=[
+        {"name": "slake", "root": str(root)}, {"name": str(tmp_path / "m.jsonl"), "split": None}])
+    prov = dataset_provenance(mixed)
+    assert len(mixed) == 3 and prov.n_skipped == 2
+    assert [s["where"] for s in prov.skipped] == ["entry 2", "line 2"] and prov.skipped[0]["dataset"] == "slake"
+    assert [c["n_skipped"] for c in prov.components] == [1, 1]
+
+
+def test_vqa_rad_and_hf_skip_bad_rows(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    from medvqa_env.provenance import dataset_provenance
+
+    root = tmp_path / "vqa_rad"
+    _image(root / "images" / "synpic1.jpg", 1)
+    rows = [{"qid": 1, "image_name": "synpic1.jpg", "question": "Is it?", "answer": "yes", "answer_type": "CLOSED"},
+            {"qid": 2, "image_name": "synpic1.jpg", "question": "What?", "answer_type": "OPEN"},
+            {"qid": 3, "image_name": "synpic1.jpg", "question": "Where?", "answer": "lung", "answer_type": "OPNE"}]
+    (root / "testset.json").write_text(json.dumps(rows))
+    with pytest.raises(DatasetError, match=r"testset\.json: entry 1: record 'vqarad_test_2': KeyError: 'answer'"):
+        load_dataset("vqa_rad", root=root)
+    ds = load_dataset("vqa_rad", root=root, on_invalid="skip")
+    assert [r.id for r in ds] == ["vqarad_test_1"]
+    assert [(s["where"], s["record_id"]) for s in dataset_provenance(ds).skipped] == [
+        ("entry 1", "vqarad_test_2"), ("entry 2", "vqarad_test_3")]
+    folder = tmp_path / "arrow" / "test"
+    folder.mkdir(parents=True)
+    table = pa.table({"image": [str(root / "images" / "synpic1.jpg"), None], "question": ["Is it?", "And?"],
+                      "answer": ["yes", "no"]})
+    with pa.OSFile(str(folder / "data.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    with pytest.raises(DatasetError, match=r"row 1: record 'arrow_test_1': no image in column 'image'"):
+        load_dataset("hf", path=tmp_path / "arrow", split="test", cache_dir=tmp_path / "c")
+    hf = load_dataset("hf", path=tmp_path / "arrow", split="test", cache_dir=tmp_path / "c", on_invalid="skip")
+    assert [r.id for r in hf] == ["arrow_test_0"] and dataset_provenance(hf).skipped[0]["where"] == "row 1"

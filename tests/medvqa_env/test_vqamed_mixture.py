@@ -78,6 +78,12 @@ def test_vqamed_errors_name_file_line_and_record(vqamed2019):
     _write(vqamed2019 / "ImageClef-2019-VQA-Med-Validation" / "All_QA_Pairs_val.txt", ["synpic200|no answer"])
     with pytest.raises(DatasetError, match=r"All_QA_Pairs_val\.txt: line 1: expected 3 fields"):
         load_dataset("vqamed", split="val", root=vqamed2019)
+    skipped = load_dataset("vqamed", split="val", root=vqamed2019, on_invalid="skip")
+    assert len(skipped) == 0 and skipped.provenance.skipped[0]["where"] == "line 1"
+    assert skipped.provenance.skipped[0]["source"].endswith("All_QA_Pairs_val.txt")
+    test = load_dataset("vqamed", split="test", root=vqamed2019, on_invalid="skip")
+    assert [r.id for r in test] == ["vqamed2019_test_synpic54143_0"]
+    assert test.provenance.skipped[0]["record_id"] == "vqamed2019_test_synpic35171_0"
     with pytest.raises(DatasetError, match="VQA-Med 2021 train: 'VQAnswering_2020_Train_QA_pairs.txt' not found"):
         load_dataset("vqamed", split="train", root=vqamed2019, edition=2021)
     with pytest.raises(DatasetError, match=r"editions are \[2019, 2021\]"):

@@ -1,0 +1,112 @@
+"""Compressed DICOM (PACS exports): JPEG Lossless, JPEG-LS and JPEG 2000 files the test writes itself
+decode through the loader to the same pixels as the uncompressed file, with the decoder plugins
+the ``medical`` extra installs (``bash scripts/setup.sh``); an undecodable syntax or a text file
+named ``.dcm`` is a clear error naming file and reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from medical_files import LESION, phantom, write_dicom
+from medvqa_env.datasets import load_dataset
+from medvqa_env.errors import DatasetError
+from medvqa_env.images import load_image
+from medvqa_env.medical_images import dicom_decoders
+
+pydicom = pytest.importorskip("pydicom", reason="the 'medical' extra is part of the project's install")
+gdcm = pytest.importorskip("gdcm", reason="the 'medical' extra installs python-gdcm (bash scripts/setup.sh)")
+pytest.importorskip("openjpeg", reason="the 'medical' extra installs pylibjpeg-openjpeg (bash scripts/setup.sh)")
+
+
+def _plain(path: Path) -> Path:
+    hu = phantom(40.0, 200.0)
+    return write_dicom(path, (hu + 1024).astype(np.uint16), intercept=-1024, window=(40, 400))
+
+
+def _gdcm_recode(src: Path, dst: Path, syntax: int) -> Path:
+    """Re-encode ``src`` with GDCM's own encoder (pydicom has no JPEG Lossless encoder)."""
+    reader = gdcm.ImageReader()
+    reader.SetFileName(str(src))
+    assert reader.Read(), src
+    change = gdcm.ImageChangeTransferSyntax()
+    change.SetTransferSyntax(gdcm.TransferSyntax(syntax))
+    change.SetInput(reader.GetImage())
+    assert change.Change()
+    writer = gdcm.ImageWriter()
+    writer.SetFileName(str(dst))
+    writer.SetFile(reader.GetFile())
+    writer.SetImage(change.GetOutput())
+    assert writer.Write()
+    return dst
+
+
+def _j2k(src: Path, dst: Path) -> Path:
+    ds = pydicom.dcmread(src)
+    ds.compress(pydicom.uid.JPEG2000Lossless)  # pylibjpeg-openjpeg's encoder
+    ds.save_as(dst, enforce_file_format=True)
+    return dst
+
+
+@pytest.mark.parametrize("kind", ["jpeg_lossless", "jpeg_ls", "jpeg2000"])
+def test_compressed_dicom_decodes_to_the_uncompressed_pixels(tmp_path, kind):
+    plain = _plain(tmp_path / "plain.dcm")
+    if kind == "jpeg2000":
+        path = _j2k(plain, tmp_path / f"{kind}.dcm")
+        want = pydicom.uid.JPEG2000Lossless
+    else:
+        syntax = {"jpeg_lossless": gdcm.TransferSyntax.JPEGLosslessProcess14_1,
+                  "jpeg_ls": gdcm.TransferSyntax.JPEGLSLossless}[kind]
+        path = _gdcm_recode(plain, tmp_path / f"{kind}.dcm", syntax)
+        want = {"jpeg_lossless": pydicom.uid.JPEGLosslessSV1, "jpeg_ls": pydicom.uid.JPEGLSLossless}[kind]
+    written = pydicom.dcmread(path)
+    assert written.file_meta.TransferSyntaxUID == want and written.file_meta.TransferSyntaxUID.is_compressed
+    assert len(path.read_bytes()) < len(plain.read_bytes())  # really compressed
+    got, ref = np.asarray(load_image(path, "rec")), np.asarray(load_image(plain, "rec"))
+    assert np.array_equal(got, ref)  # lossless: the same picture, rescale and file window applied
+    cx, cy, _ = LESION
+    assert abs(int(got[cy, cx, 0]) - 230) <= 1  # 200 HU in the file's 40/400 window
+    # through a loader with the decode check, counted in the dataset's provenance
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "c1", "image": path.name, "question": "Q?", "answer": "yes"}))
+    ds = load_dataset(str(tmp_path / "m.jsonl"), check_images="decode")
+    assert (ds.provenance.n_images_checked, ds.provenance.n_images_decoded) == (1, 1)
+
+
+def test_the_documented_syntaxes_have_decoders_here():
+    decoders = dicom_decoders()
+    for name in ("JPEG Baseline (Process 1)", "JPEG Extended (Process 2 and 4)",
+                 "JPEG Lossless, Non-Hierarchical (Process 14)",
+                 "JPEG Lossless, Non-Hierarchical, First-Order Prediction (Process 14 [Selection Value 1])",
+                 "JPEG-LS Lossless Image Compression", "JPEG-LS Lossy (Near-Lossless) Image Compression",
+                 "JPEG 2000 Image Compression (Lossless Only)", "JPEG 2000 Image Compression",
+                 "High-Throughput JPEG 2000 Image Compression (Lossless Only)", "RLE Lossless"):
+        assert decoders[name], name
+    assert decoders["MPEG2 Main Profile / Main Level"] == ()
+
+
+def test_undecodable_syntax_and_text_named_dcm_are_clear_errors(tmp_path):
+    from pydicom.encaps import encapsulate
+
+    ds = pydicom.dcmread(_plain(tmp_path / "plain.dcm"))
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.MPEG2MPML
+    ds.PixelData = encapsulate([b"\x00\x00\x01\xb3" + b"\x00" * 28])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(tmp_path / "video.dcm", enforce_file_format=True)
+    with pytest.raises(DatasetError, match=r"record 'r1': image '.*video\.dcm': cannot decode its pixel data: transfer "
+                                           r"syntax 'MPEG2 Main Profile / Main Level' \(1\.2\.840\.10008\.1\.2\.4\.100\)"
+                                           r" has no decoder installed"):
+        load_image(tmp_path / "video.dcm", "r1")
+    broken = bytearray(_j2k(tmp_path / "plain.dcm", tmp_path / "j2k.dcm").read_bytes())
+    soc = bytes(broken).index(b"\xff\x4f\xff\x51")  # the J2K codestream's start and its SIZ marker
+    broken[soc + 4: soc + 40] = b"\xff" * 36
+    (tmp_path / "broken.dcm").write_bytes(bytes(broken))
+    with pytest.raises(DatasetError, match=r"broken\.dcm': cannot decode its pixel data \(transfer syntax 'JPEG 2000 "
+                                           r"Image Compression \(Lossless Only\)' \(1\.2\.840\.10008\.1\.2\.4\.90\)\)"):
+        load_image(tmp_path / "broken.dcm", "r2")
+    (tmp_path / "notes.dcm").write_text("hello, this is a text file that someone named .dcm\n")
+    with pytest.raises(DatasetError, match=r"notes\.dcm' is not a DICOM file: no 'DICM' marker at byte 128 and no "
+                                           r"DICOM data element in it \(it starts b'hello, this"):
+        load_image(tmp_path / "notes.dcm", "r3")

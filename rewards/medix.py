@@ -3,10 +3,12 @@ r"""MediX-R1's composite reward (seed 001, §A.3-A.4):
     r = 0.1 · R_format + 0.045 · R_modality + 0.5175 · R_llm + 0.3375 · R_embed      (in [0, 1])
 
 * ``R_format`` = 1 iff the completion is ``<think>…</think><answer>…</answer>`` with nothing before
-  it but (optionally) the modality tag, nothing after it, and no tag nested inside the two spans
-  (seed 001 §A.4: 1.0 "only when the output matches the required structure").
+  it but (optionally) the modality tag, nothing after it, text in both spans, and no tag nested
+  inside them (seed 001 §A.4: 1.0 "only when the output matches the required structure").
 * ``R_modality`` = 1 iff the tag before ``<think>`` equals the record's modality (case-insensitive).
-  Tags accepted: ``<modality>CT</modality>``, ``[CT]``, ``Modality: CT``.
+  Tags accepted: ``<modality>CT</modality>``, ``[CT]``, ``Modality: CT``; the value is a short
+  name (at most four words, no commas): ``modality = CT, also some chatter`` is prose and earns no
+  format credit.
 * ``R_llm`` = the judge's YES (1) / NO (0) on the answer vs the reference (:mod:`rewards.judge`).
 * ``R_embed`` = 1 iff the cosine similarity of answer and reference embeddings is >= 0.8
   (seed's MedEmbed; offline default all-MiniLM-L6-v2).
@@ -24,6 +26,8 @@ modality -- ``on_missing='renormalize'`` (default) drops it and divides by the r
 (False, None, None)
 >>> split_medix("Sure! Here it is: <think>x</think><answer>liver</answer>")   # text before: no format
 (False, None, 'liver')
+>>> split_medix("<think></think><answer></answer>")                           # empty spans: no format
+(False, None, '')
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ WEIGHTS = {"format": 0.1, "modality": 0.045, "llm": 0.5175, "embed": 0.3375}
 _FORMAT = re.compile(r"^\s*(?P<pre>.*?)\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _NESTED = re.compile(r"</?(?:think|answer)>")
+# A modality tag's value: a short name of at most four words ("CT", "X-Ray", "MRI T2-weighted",
+# "Fundus Photography"), no clause: "CT, also some chatter" is prose, not a tag.
+_VALUE = r"([A-Za-z0-9][A-Za-z0-9/+\-.]*(?:[ ][A-Za-z0-9/+\-.]+){0,3})"
 # the whole text before <think> must be one of these (or nothing)
-_TAGS = [re.compile(r"<modality>\s*([^<>\n]+?)\s*</modality>", re.I), re.compile(r"\[\s*([^\]\[\n]+?)\s*\]"),
-         re.compile(r"modality\s*[:=]\s*([^<>\n]+?)", re.I)]
+_TAGS = [re.compile(r"<modality>\s*" + _VALUE + r"\s*</modality>", re.I), re.compile(r"\[\s*" + _VALUE + r"\s*\]"),
+         re.compile(r"modality\s*[:=]\s*" + _VALUE, re.I)]
 
 
 def split_medix(completion: str) -> tuple[bool, str | None, str | None]:
@@ -54,6 +61,8 @@ def split_medix(completion: str) -> tuple[bool, str | None, str | None]:
     answer = spans[-1].strip() if spans else None
     m = _FORMAT.match(text)
     if not m or _NESTED.search(m.group("think")) or _NESTED.search(m.group("answer")):
+        return False, None, answer
+    if not m.group("think").strip() or not m.group("answer").strip():  # the structure needs both spans' content
         return False, None, answer
     pre = m.group("pre").strip()
     if not pre:

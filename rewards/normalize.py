@@ -44,17 +44,18 @@ def normalize_yes_no(text: str | None) -> str | None:
     return None
 
 
-# After "answer", a lowercase "a" or "i" followed by a word is the article or the pronoun, not a
-# letter: "the answer is a mass in the liver" is not option A ("the answer is A" still is).
+# After "answer", "option" or "choice", a lowercase "a" or "i" followed by a word is the article or
+# the pronoun, not a letter: "the answer is a mass in the liver" and "Option: a mass in the liver"
+# are not option A ("the answer is A", "option a", "option (a) mass" still are).
 _NOT_ARTICLE = r"(?!(?<=[ai])\s+[A-Za-z])"
+_LETTER = r"(?:\(([A-Za-z])\)|([A-Za-z])(?![A-Za-z])" + _NOT_ARTICLE + ")"
 _LETTER_PATTERNS = [
     re.compile(r"^\(?([A-Za-z])\)?[.):]?$"),                                      # B, (B), B., B)
-    re.compile(r"^(?i:option|choice)\s*[:\-]?\s*\(?([A-Za-z])\)?\b"),               # option B
-    re.compile(r"^(?i:answer)\s*[:\-]?\s*(?:\(([A-Za-z])\)|([A-Za-z])(?![A-Za-z])" + _NOT_ARTICLE + ")"),
+    re.compile(r"^(?i:option|choice)\s*[:\-]?\s*" + _LETTER),                             # option B
+    re.compile(r"^(?i:answer)\s*[:\-]?\s*" + _LETTER),
     re.compile(r"^\(?([A-Za-z])[.):]\s"),                                         # B. MRI / (B) MRI
-    re.compile(r"\b(?i:option|choice)\s*(?:(?i:is)\s*)?[:\-]?\s*\(?([A-Za-z])\)?(?![A-Za-z])"),
-    re.compile(r"\b(?i:answer)\s*(?:(?i:is)\s*)?[:\-]?\s*(?:\(([A-Za-z])\)|([A-Za-z])(?![A-Za-z])"
-               + _NOT_ARTICLE + ")"),                                              # the answer is B
+    re.compile(r"\b(?i:option|choice)\s*(?:(?i:is)\s*)?[:\-]?\s*" + _LETTER),
+    re.compile(r"\b(?i:answer)\s*(?:(?i:is)\s*)?[:\-]?\s*" + _LETTER),                 # the answer is B
     re.compile(r"\(([A-Za-z])\)"),                                                # ... (b) ...
 ]
 

@@ -3,7 +3,7 @@
 finishes, and every finished episode is on disk.
 
 Resume-after-kill of the evaluation itself (kill ``eval.run``, rerun, compare with an uninterrupted
-run) is covered by ``tests/eval/test_cli.py``; it is not repeated here.
+run) is covered by ``tests/eval/test_eval_cli.py``; it is not repeated here.
 """
 
 from __future__ import annotations

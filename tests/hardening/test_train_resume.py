@@ -1,7 +1,7 @@
 """A training run killed with SIGKILL and rerun with the same command ends exactly where an
 uninterrupted run with the same seed ends: the same metrics step by step and the same weights.
 
-(The evaluation's kill-then-compare is ``tests/eval/test_cli.py``; the trainer had none.)
+(The evaluation's kill-then-compare is ``tests/eval/test_eval_cli.py``; the trainer had none.)
 GRASP on a tiny random Qwen2-VL so that every step changes the weights (its SFT term always
 has a gradient, even when every rollout fails).
 """

@@ -91,6 +91,13 @@ def test_with_the_smollm2_judge(llm_server, minilm_sentences):
     ("<think>t</think><answer>liver</answer><answer>spleen</answer>", False, None),  # a second answer
     ("<think>a <think>b</think><answer>liver</answer>", False, None),              # nested <think>
     ("<answer>liver</answer><think>t</think>", False, None),                       # wrong order
+    ("<think></think><answer></answer>", False, None),                               # empty spans
+    ("<think> </think><answer>liver</answer>", False, None),                         # no reasoning
+    ("<think>t</think><answer>\n</answer>", False, None),                           # no answer
+    ("modality = CT, also some chatter <think>t</think><answer>liver</answer>", False, None),  # prose after
+    ("Modality: CT and here is my long reasoning <think>t</think><answer>liver</answer>", False, None),
+    ("<modality>Fundus Photography</modality><think>t</think><answer>x</answer>", True, "Fundus Photography"),
+    ("modality = MRI T2-weighted <think>t</think><answer>liver</answer>", True, "MRI T2-weighted"),
 ])
 def test_format_term_requires_think_then_answer_with_only_the_tag_before(completion, format_ok, tag):
     ok, got_tag, _ = split_medix(completion)

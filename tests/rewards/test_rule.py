@@ -42,7 +42,9 @@ def test_mcq_unparseable_or_ambiguous_is_wrong(text):
 
 
 @pytest.mark.parametrize("text", ["a mass in the liver", "the answer is a mass in the liver",
-                                  "answer: a mass in the liver", "Answer is a lesion", "the answer is i think CT"])
+                                  "answer: a mass in the liver", "Answer is a lesion", "the answer is i think CT",
+                                  "Option: a mass in the liver", "choice - a mass in the liver",
+                                  "my choice is a lesion", "the best option is i think CT"])
 def test_the_article_a_is_not_option_a(text):
     options = {"A": "liver", "B": "spleen"} if "liver" not in text else {"A": "kidney", "B": "spleen"}
     assert parse_mcq_letter(text, options) is None
@@ -51,6 +53,8 @@ def test_the_article_a_is_not_option_a(text):
     assert parse_mcq_letter("the answer is A because", options) == "A"
     assert parse_mcq_letter("answer: (a) mass", options) == "A"
     assert parse_mcq_letter("a mass in the spleen", options) == "B"
+    assert parse_mcq_letter("option a", options) == parse_mcq_letter("Option: (a) mass", options) == "A"
+    assert parse_mcq_letter("choice B) spleen", options) == "B"
 
 
 def test_mcq_truth_given_as_option_text():

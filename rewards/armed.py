@@ -81,6 +81,10 @@ class ARMedConfig:
         return cls(bertscore_model=pubmedbert_path, bertscore_layers=8, cosine_model=biobert_sts_path, **overrides)
 
 
+def _clamp(value: float) -> float:
+    return min(1.0, max(-1.0, float(value)))
+
+
 class ARMedReward(RewardFunction):
     """Seed 000's OPEN reward in [-1, 1]; components are logged as ``reward/<name>``.
 
@@ -144,7 +148,9 @@ class ARMedReward(RewardFunction):
             vec = sent.encode(list(candidates) + list(references))
             cos = [cosine(c, r) for c, r in zip(vec[: len(candidates)], vec[len(candidates):])]
         empty = [not c.strip() for c in candidates]
-        return ([0.0 if e else b for b, e in zip(bs, empty)], [0.0 if e else x for x, e in zip(cos, empty)])
+        # float32 encoders give 1.0000001 for identical texts: both scores are cosines, in [-1, 1]
+        return ([0.0 if e else _clamp(b) for b, e in zip(bs, empty)],
+                [0.0 if e else _clamp(x) for x, e in zip(cos, empty)])
 
     def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
         if not batch:

@@ -36,12 +36,17 @@ class AlgoConfig:
     """PPO clip range below 1 (GRPO/DAPO: 0.2; GSPO uses 3e-4 on its sequence ratio)."""
     clip_high: float = 0.2
     """Clip range above 1 (DAPO's clip-higher: 0.28; GSPO: 4e-4)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip PPO (Ye et al. 2019; verl's ``actor.clip_ratio_c``, default 3): for a negative
+    advantage the token loss is at most ``-A * clip_ratio_c``, so a token whose probability grew far
+    beyond the behaviour policy's cannot dominate the batch. Must be > 1. The ``grpo`` loss only, as
+    in verl (its GSPO loss has no dual clip)."""
     kl_coef: float = 0.01
     """Weight of the k3 KL estimate to the reference policy (seed 000: 0.01; 0 turns it off)."""
     std_normalize: bool = True
     """Divide group-centred rewards by the group's std (GRPO); Dr.GRPO turns it off."""
     eps: float = 1e-6
-    """Added to std before dividing."""
+    """Added to std before dividing (verl's ``epsilon``)."""
     loss_agg: str = "token-mean"
     """How token losses become one number (:data:`LOSS_AGGREGATIONS`): ``token-mean`` (every
     trained token of the batch weighs the same; verl 0.9.1's default ``loss_agg_mode`` and DAPO's
@@ -184,8 +189,19 @@ def grasp_sft_weight(group_accuracy: torch.Tensor, cfg: AlgoConfig) -> torch.Ten
 # ==============================================================================================
 @register_advantage("grpo")
 def grpo_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
-    """``(r - mean_group) / (std_group + eps)``; no std division when ``cfg.std_normalize`` is off."""
+    """``(r - mean_group) / (std_group + eps)`` with the unbiased std; no std division when
+    ``cfg.std_normalize`` is off. A group of one is scored as verl 0.9.1's
+    ``compute_grpo_outcome_advantage`` does (mean 0, std 1): its advantage is ``r / (1 + eps)``
+    (``r`` without std division), not 0.
+
+    >>> grpo_advantage(AdvantageInput(torch.tensor([1.0, -1.0, 1.0]), torch.tensor([0, 0, 1])), AlgoConfig())
+    tensor([ 0.7071, -0.7071,  1.0000])
+    """
     mean, std = group_stats(inp.rewards, inp.group_index)
+    _, inv, counts = torch.unique(inp.group_index, return_inverse=True, return_counts=True)
+    alone = counts[inv] == 1
+    mean = torch.where(alone, torch.zeros_like(mean), mean)
+    std = torch.where(alone, torch.ones_like(std), std)
     adv = inp.rewards.float() - mean
     if cfg.std_normalize:
         adv = adv / (std + cfg.eps)
@@ -251,23 +267,27 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-no
 
 def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
     """Reduce ``[B, T]`` token losses to a scalar by ``cfg.loss_agg`` (padding excluded), as verl's
-    ``agg_loss`` does on one data-parallel rank."""
+    ``agg_loss`` does on one data-parallel rank: sequence means are over the sequences that have a
+    trained token; ``seq-mean-token-sum-norm`` divides by ``norm_len`` (verl's
+    ``loss_scale_factor``)."""
     mask = mask.float()
     if cfg.loss_agg == "token-mean":
         return (token_loss * mask).sum() / mask.sum().clamp(min=1)
+    if cfg.loss_agg not in LOSS_AGGREGATIONS:
+        raise ConfigError(unknown_name_message("loss aggregation", cfg.loss_agg, LOSS_AGGREGATIONS))
+    tokens = mask.sum(-1)
+    sequences = (tokens > 0).float().sum().clamp(min=1)
+    per_seq = (token_loss * mask).sum(-1)
     if cfg.loss_agg == "seq-mean-token-mean":
-        per_seq = (token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
-    if cfg.loss_agg == "seq-mean-token-sum-norm":
-        return ((token_loss * mask).sum(-1) / cfg.norm_len).mean()
-    raise ConfigError(unknown_name_message("loss aggregation", cfg.loss_agg, LOSS_AGGREGATIONS))
+        return (per_seq / tokens.clamp(min=1)).sum() / sequences
+    return per_seq.sum() / sequences / cfg.norm_len
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's low-variance, non-negative KL(pi || ref) estimate per token:
-    ``exp(ref - logp) - (ref - logp) - 1``."""
+    ``exp(ref - logp) - (ref - logp) - 1``, capped at 10 as verl's ``low_var_kl``."""
     d = (ref_logp - logp).clamp(-20, 20)
-    return torch.exp(d) - d - 1
+    return (torch.exp(d) - d - 1).clamp(min=-10, max=10)
 
 
 def _with_kl(loss: torch.Tensor, inp: LossInput, cfg: AlgoConfig, metrics: dict[str, float]) -> torch.Tensor:
@@ -278,9 +298,11 @@ def _with_kl(loss: torch.Tensor, inp: LossInput, cfg: AlgoConfig, metrics: dict[
     return loss
 
 
-def _ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, inp: LossInput, cfg: AlgoConfig):
-    """Token losses ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` and the ratio metrics:
-    the share of trained tokens whose loss is clipped, and the mean ``|r - 1|`` (0 on-policy)."""
+def _ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, inp: LossInput, cfg: AlgoConfig, dual_clip: bool = False):
+    """Token losses ``max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))`` -- with ``dual_clip``,
+    at most ``-A * clip_ratio_c`` where ``A < 0`` (verl's ``compute_policy_loss_vanilla``) -- and the
+    ratio metrics: the share of trained tokens whose loss is clipped (``clip_frac``; by the dual
+    clip: ``clip_frac_lower``), and the mean ``|r - 1|`` (0 on-policy)."""
     a = adv.unsqueeze(-1) if adv.dim() == 1 else adv
     unclipped = -a * ratio
     clipped = -a * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
@@ -290,14 +312,27 @@ def _ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, inp: LossInput, cfg: AlgoC
     metrics = {"losses/clip_frac": float(((clipped > unclipped).float() * m).sum() / n),
                "losses/ratio_dev": float(((ratio.detach() - 1).abs() * m).sum() / n),
                "losses/approx_kl": float(((inp.old_logp - inp.logp.detach()) * m).sum() / n)}
+    if dual_clip:
+        if not cfg.clip_ratio_c > 1.0:
+            raise ValueError(f"expected clip_ratio_c > 1 for the dual clip, got {cfg.clip_ratio_c!r}")
+        lower = -a * cfg.clip_ratio_c
+        negative = (a < 0).expand_as(token_loss)
+        metrics["losses/clip_frac_lower"] = float(((token_loss > lower) & negative).float().mul(m).sum() / n)
+        token_loss = torch.where(negative, torch.minimum(token_loss, lower), token_loss)
     return token_loss, metrics
 
 
 @register_loss("grpo")
 def grpo_loss(inp: LossInput, cfg: AlgoConfig):
-    """Token-level clipped ratio (PPO) with group advantages, plus ``kl_coef`` * k3 KL."""
+    """Token-level clipped ratio (PPO) with group advantages and the dual clip (verl's ``vanilla``
+    policy loss), plus ``kl_coef`` * k3 KL.
+
+    >>> one = torch.ones(1, 1)
+    >>> float(grpo_loss(LossInput(2 * one, 0 * one, -one[0], one), AlgoConfig(kl_coef=0.0))[0])  # r = e^2, A = -1
+    3.0
+    """
     ratio = torch.exp((inp.logp - inp.old_logp).clamp(-20, 20))
-    token_loss, metrics = _ppo_clip(ratio, inp.advantages, inp, cfg)
+    token_loss, metrics = _ppo_clip(ratio, inp.advantages, inp, cfg, dual_clip=True)
     pg = aggregate(token_loss, inp.mask, cfg)
     metrics["losses/policy"] = float(pg.detach())
     loss = _with_kl(pg, inp, cfg, metrics)
@@ -313,8 +348,9 @@ def gspo_loss(inp: LossInput, cfg: AlgoConfig):
     ``gspo`` preset: ``seq-mean-token-mean``, the paper's sequence-level objective)."""
     m = inp.mask.float()
     seq_log_ratio = ((inp.logp - inp.old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1)
-    s = torch.exp(seq_log_ratio.detach().clamp(-20, 10))
-    ratio = s.unsqueeze(-1) * torch.exp(inp.logp - inp.logp.detach())
+    # verl's form: the value is the sequence ratio, the gradient each token's (none past the cap)
+    log_ratio = inp.logp - inp.logp.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(log_ratio.clamp(max=10.0))
     token_loss, metrics = _ppo_clip(ratio, inp.advantages, inp, cfg)
     pg = aggregate(token_loss, inp.mask, cfg)
     metrics["losses/policy"] = float(pg.detach())

@@ -132,3 +132,56 @@ def test_loss_aggregation_default_matches_the_installed_verl():
     actor = pytest.importorskip("verl.workers.config.actor")  # verl is an optional extra
     fields = {f.name: f for f in dataclasses.fields(actor.ActorConfig)}
     assert fields["loss_agg_mode"].default == get_algorithm("grpo").config.loss_agg
+
+
+# ---- the update trains the distribution the rollouts were sampled from ----------------------
+def _expected_gradient(model, batch, advantages, temperature):
+    """The token-mean policy gradient at ratio 1, from each unpadded sequence's own logits divided
+    by ``temperature``: ``d/dθ mean_t(-A_i * exp(logp_T - sg(logp_T)))``."""
+    model = copy.deepcopy(model)
+    model.zero_grad(set_to_none=True)
+    total = sum(sum(t.response_mask) for t in batch.trajectories)
+    for traj, a in zip(batch.trajectories, advantages.tolist()):
+        ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+        logits = model(input_ids=ids).logits[0].float()
+        r = len(traj.response_ids)
+        step_logits = logits[-r - 1:-1] / temperature
+        logp = torch.log_softmax(step_logits, -1).gather(-1, torch.tensor(traj.response_ids)[:, None]).squeeze(-1)
+        mask = torch.tensor(traj.response_mask, dtype=torch.float32)
+        (-a * torch.exp(logp - logp.detach()) * mask).sum().div(total).backward()
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                      for p in model.parameters() if p.requires_grad])
+
+
+def _update_gradient(tiny, temperature, lr=1.0):
+    """The gradient one on-policy ``update_policy`` step applied (plain SGD: ``Δθ = -lr * g``)."""
+    before = copy.deepcopy(tiny[0])
+    _, after = _update(tiny, "grpo", epochs=1, lr=lr, temperature=temperature, loss_agg="token-mean")
+    grads = [(p0 - p1).detach().flatten() / lr for p0, p1 in zip(before.parameters(), after.parameters())
+             if p0.requires_grad]
+    return torch.cat(grads)
+
+
+def _relative_error(got, expected) -> float:
+    return float((got - expected).norm() / expected.norm())
+
+
+def test_the_update_uses_the_sampling_temperature(tiny):
+    batch, advantages = _batch(tiny[1]), torch.tensor([1.0, -1.0, 1.0, -1.0])
+    at_t = _expected_gradient(tiny[0], batch, advantages, 0.7)
+    at_one = _expected_gradient(tiny[0], batch, advantages, 1.0)
+    assert _relative_error(at_one, at_t) > 0.05                  # the two objectives really differ
+    got = _update_gradient(tiny, temperature=0.7)
+    assert _relative_error(got, at_t) < 1e-3
+
+
+def test_an_update_forced_to_temperature_one_is_caught(tiny, monkeypatch):
+    """The check above is sharp: an update that drops the temperature (the bug it guards against)
+    fails it."""
+    real = grpo.response_logprobs
+    monkeypatch.setattr(grpo, "response_logprobs", lambda model, mb, enc, temperature=1.0, *a, **k:
+                        real(model, mb, enc, 1.0, *a, **k))
+    batch, advantages = _batch(tiny[1]), torch.tensor([1.0, -1.0, 1.0, -1.0])
+    got = _update_gradient(tiny, temperature=0.7)
+    assert _relative_error(got, _expected_gradient(tiny[0], batch, advantages, 0.7)) > 0.05
+    assert _relative_error(got, _expected_gradient(tiny[0], batch, advantages, 1.0)) < 1e-3

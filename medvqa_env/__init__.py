@@ -11,7 +11,7 @@ from medvqa_env.env import MedVQAEnv
 from medvqa_env.parser import ParsedAction, ToolCall, parse_action
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
 
-register(id="MedVQA-v0", entry_point="medvqa_env.env:MedVQAEnv",
+register(id="MedVQA-v0", entry_point="medvqa_env.vector:make_env",
          vector_entry_point="medvqa_env.vector:MedVQAVectorEnv", max_episode_steps=None)
 
 __all__ = ["MedVQAEnv", "ParsedAction", "ToolCall", "parse_action", "AnswerType", "VQADataset", "VQARecord"]

@@ -40,6 +40,7 @@ True
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -150,7 +151,8 @@ class EnvWorker:
                 cache = self.services.toolbox.cache
                 out = {"kind": "stats", "tool_cache": {"hits": getattr(cache, "hits", 0),
                                                        "misses": getattr(cache, "misses", 0),
-                                                       "entries": len(cache) if cache is not None else 0}}
+                                                       "entries": len(cache) if cache is not None else 0},
+                       "node": _node_name(), "pid": os.getpid()}
             else:
                 raise ValueError(f"expected a 'reset', 'step' or 'stats' command, got {command[0]!r}")
         except DatasetError as e:
@@ -166,6 +168,18 @@ class EnvWorker:
         for env in self.envs:
             env.close()
         self.services.close()
+
+
+def _node_name() -> str:
+    """The Ray node id inside a Ray worker, else the host name."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.get_runtime_context().get_node_id()
+    import socket
+
+    return socket.gethostname()
 
 
 def _import(path: str):
@@ -226,7 +240,12 @@ class EnvPool:
         workers: worker threads/processes/actors (the ``thread`` backend defaults to 1).
         group_size: GRPO group size; slots per worker are rounded up to a multiple of it so a
             group never straddles two workers (and its tool calls hit one cache).
-        reward: overrides ``env_kwargs["reward"]``.
+        reward: overrides ``env_kwargs["reward"]``. A reward the pool builds (from a name, a config
+            or ``None``) is the pool's: :meth:`close` closes it (a Ray-held ARMed state is let go);
+            a reward object passed in stays the caller's to close.
+        backend_options: for the backend (``process``: ``start_method``, ``image_views``, ...;
+            ``ray``: ``cpus_per_worker``, ``worker_resources`` -- custom resources per worker, e.g.
+            one node's, to place workers on nodes).
     """
 
     def __init__(self, env_kwargs: Mapping[str, Any] | PoolSpec, size: int, backend: str = "thread",
@@ -241,11 +260,13 @@ class EnvPool:
             raise ConfigError(f"expected workers >= 1, got {workers!r}")
         if not isinstance(group_size, int) or group_size < 1:
             raise ConfigError(f"expected group_size >= 1, got {group_size!r}")
-        from medvqa_env.services import resolve_reward
+        from medvqa_env.services import builds_reward, resolve_reward
 
         self.spec, reward_arg = resolve_spec(env_kwargs)
         self.dataset = self.spec.env_kwargs["dataset"]
-        self.reward = resolve_reward(reward if reward is not None else reward_arg)
+        reward_arg = reward if reward is not None else reward_arg
+        self.reward = resolve_reward(reward_arg)
+        self._owns_reward = builds_reward(reward_arg)
         self.size, self.backend = size, backend
         self.n_workers = min(workers, size)
         per = -(-size // self.n_workers)
@@ -253,7 +274,15 @@ class EnvPool:
         self.n_workers = -(-size // self.slots_per_worker)
         self._reward_lock = threading.Lock()
         self._owner = ThreadPoolExecutor(1, thread_name_prefix="medvqa-pool")
-        self._workers = self._start_backend(backend_options)
+        try:
+            self._workers = self._start_backend(backend_options)
+        except BaseException:
+            self._owner.shutdown(wait=False)
+            if self._owns_reward:
+                from medvqa_env.services import close_reward
+
+                close_reward(self.reward)
+            raise
         self._closed = False
 
     def _start_backend(self, options: Mapping[str, Any]):
@@ -320,8 +349,11 @@ class EnvPool:
         self.score([r for _, results in answers if results for r in results])
         return answers
 
-    def tool_cache_stats(self) -> dict[str, int]:
-        """Tool-cache hits and misses summed over the workers (a miss is a call a tool really ran)."""
+    def tool_cache_stats(self, per_worker: bool = False) -> dict[str, Any]:
+        """Tool-cache hits and misses summed over the workers (a miss is a call a tool really ran).
+
+        ``per_worker``: ``{worker: {"hits", "misses", "entries", "node", "pid"}}`` instead, where
+        ``node`` is the Ray node id (the host name outside Ray): each worker has its own cache."""
         def ask() -> list:
             for w in range(self.n_workers):
                 self._workers.submit(w, [("stats",)])
@@ -330,10 +362,14 @@ class EnvPool:
                 answers += self._workers.poll()
             return answers
 
+        stats = {w: (results or [{}])[0] for w, results in self._owner.submit(ask).result()}
+        if per_worker:
+            return {w: {**r.get("tool_cache", {}), "node": r.get("node"), "pid": r.get("pid")}
+                    for w, r in sorted(stats.items())}
         total = {"hits": 0, "misses": 0, "entries": 0}
-        for _, results in self._owner.submit(ask).result():
+        for r in stats.values():
             for k in total:
-                total[k] += (results or [{}])[0].get("tool_cache", {}).get(k, 0)
+                total[k] += r.get("tool_cache", {}).get(k, 0)
         return total
 
     # ---- slots (trainers, vector envs) -----------------------------------------------------
@@ -382,11 +418,18 @@ class EnvPool:
         return results
 
     def close(self) -> None:
+        """Stop the workers and close a reward the pool built (see ``reward``)."""
         if getattr(self, "_closed", True):
             return
         self._closed = True
         self._owner.shutdown(wait=True)
-        self._workers.close()
+        try:
+            self._workers.close()
+        finally:
+            if self._owns_reward:
+                from medvqa_env.services import close_reward
+
+                close_reward(self.reward)
 
     def __enter__(self) -> "EnvPool":
         return self

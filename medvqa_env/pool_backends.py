@@ -25,7 +25,7 @@ import sys
 import weakref
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection, wait
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -344,15 +344,38 @@ def ensure_ray(num_cpus: int | None = None):
 
 
 class RayWorkers:
-    """``n_workers`` Ray actors with ``slots`` copies each (built inside the actor from the spec)."""
+    """``n_workers`` Ray actors with ``slots`` copies each (built inside the actor from the spec).
 
-    def __init__(self, spec: PoolSpec, n_workers: int, slots: int, cpus_per_worker: float = 0.5) -> None:
+    ``worker_resources``: custom Ray resources per worker, cycled over the workers -- e.g.
+    ``[{"node_a": 0.01}, {"node_b": 0.01}]`` with nodes started with those resources puts worker 0
+    (slots ``0..slots-1``, whole groups) on one node and worker 1 on the other. Without it Ray places
+    the actors wherever CPUs are free.
+    """
+
+    def __init__(self, spec: PoolSpec, n_workers: int, slots: int, cpus_per_worker: float = 0.5,
+                 worker_resources: Sequence[Mapping[str, float]] | None = None) -> None:
         self.ray = ensure_ray()
         self.spec, self.slots, self.n_workers = spec, slots, n_workers
         self._actor_cls = self.ray.remote(num_cpus=cpus_per_worker)(EnvWorker)
-        self._actors = [self._actor_cls.remote(spec, slots) for _ in range(n_workers)]
+        resources = [dict(r) for r in (worker_resources or [])]
+        if worker_resources is not None and not resources:
+            raise ValueError("expected at least one resource mapping in worker_resources, got none")
+        if resources:  # an unknown resource would leave the actor pending forever: refuse it now
+            known = self.ray.cluster_resources()
+            for r in resources:
+                missing = {k: v for k, v in r.items() if known.get(k, 0.0) < v}
+                if missing:
+                    custom = sorted(k for k in known if k not in ("CPU", "GPU", "memory", "object_store_memory")
+                                    and not k.startswith("node:"))
+                    raise ValueError(f"expected worker_resources the cluster has, got {missing!r}; "
+                                     f"its custom resources: {custom}")
+        self._options = [{"resources": resources[w % len(resources)]} if resources else {} for w in range(n_workers)]
+        self._actors = [self._new_actor(w) for w in range(n_workers)]
         self._refs: dict[int, Any] = {}
         self.ray.get([a.__ray_ready__.remote() for a in self._actors])
+
+    def _new_actor(self, w: int):
+        return self._actor_cls.options(**self._options[w]).remote(self.spec, self.slots)
 
     @property
     def busy(self) -> list[bool]:
@@ -376,7 +399,7 @@ class RayWorkers:
             except self.ray.exceptions.RayActorError:
                 log.error("env actor %d died; restarting it", w)
                 out.append((w, None))
-                self._actors[w] = self._actor_cls.remote(self.spec, self.slots)
+                self._actors[w] = self._new_actor(w)
         return out
 
     def close(self) -> None:

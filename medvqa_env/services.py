@@ -38,11 +38,13 @@ class EnvServices:
     """A :class:`tool_backends.toolbox.Toolbox` (tool backends, loaded models, result cache)."""
     images: ImageCache = field(default_factory=ImageCache)
     """Decoded record images by file (bounded; a changed file is read again)."""
+    owns_reward: bool = False
+    """The reward was built here (from a name or config), so :meth:`close` closes it too."""
 
     @classmethod
     def build(cls, tools: Any = None, reward: Any = None) -> "EnvServices":
         """From the env's ``tools`` and ``reward`` arguments (any form :class:`MedVQAEnv` takes)."""
-        return cls(reward=resolve_reward(reward), toolbox=resolve_toolbox(tools))
+        return cls(reward=resolve_reward(reward), toolbox=resolve_toolbox(tools), owns_reward=builds_reward(reward))
 
     def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
         """The end of a training batch: the reward's adaptive state moves once (see
@@ -61,6 +63,21 @@ class EnvServices:
 
     def close(self) -> None:
         self.toolbox.close()
+        if self.owns_reward:
+            close_reward(self.reward)
+
+
+def builds_reward(reward: Any) -> bool:
+    """Whether :func:`resolve_reward` builds a new object from ``reward`` (a name, a config or
+    ``None``), which its builder then owns and closes; a reward object passed in stays the caller's."""
+    return reward is None or isinstance(reward, (str, Mapping))
+
+
+def close_reward(reward: Any) -> None:
+    """``reward.close()`` where the reward has one (a Ray-held adaptive state is let go)."""
+    close = getattr(reward, "close", None)
+    if callable(close):
+        close()
 
 
 def resolve_toolbox(tools: Any):

@@ -27,6 +27,10 @@ an evaluation, so evaluation scores do not depend on episode order.
 {'cosine': 0.55}
 >>> t.end_batch()                             # nothing pending: nothing moves
 {'cosine': 0.55}
+>>> t.observe({"cosine": [0.9]}); round(t.end_batch(2)["cosine"], 6)   # step 2 ends
+0.6
+>>> t.observe({"cosine": [0.9]}); round(t.end_batch(1)["cosine"], 6)   # step 1 again, late: ignored
+0.6
 """
 
 from __future__ import annotations
@@ -117,12 +121,20 @@ class AdaptiveThresholds:
     def end_batch(self, batch_id: Any = None) -> dict[str, float]:
         """The batch boundary: pending values enter the buffers and each threshold drifts once.
 
-        ``batch_id`` makes the call idempotent: several workers may each announce the end of the
-        same batch (e.g. verl's global step), and only the first call moves anything. Returns the
-        thresholds now in force.
+        ``batch_id`` (the step number) makes the call idempotent: several workers may each announce
+        the end of the same batch (e.g. verl's global step), and only the first call moves anything.
+        An id not newer than the last one seen (a late worker announcing an older step, a repeat)
+        moves nothing either; ids must be ordered (ints). ``None`` always ends the batch. Returns
+        the thresholds now in force.
         """
-        if batch_id is not None and batch_id == self.last_batch_id:
-            return self.current()
+        if batch_id is not None and self.last_batch_id is not None:
+            try:
+                stale = not batch_id > self.last_batch_id
+            except TypeError:
+                raise ValueError(f"expected batch ids that order like the previous one ({self.last_batch_id!r}), "
+                                 f"e.g. step numbers, got {batch_id!r}") from None
+            if stale:
+                return self.current()
         changed = False
         for m in self.metrics:
             if not self.pending[m]:
@@ -141,6 +153,7 @@ class AdaptiveThresholds:
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            "store": "local",
             "config": {**asdict(self.config), "init": dict(self.config.init)},
             "thresholds": dict(self.thresholds),
             "buffers": {m: list(b) for m, b in self.buffers.items()},

@@ -25,7 +25,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from rewards.adaptive import AdaptiveConfig, AdaptiveThresholds, squash
@@ -56,8 +56,9 @@ class ARMedConfig:
     """Buffer size, percentile, drift, clip range and squashing of the adaptive thresholds."""
     threshold_store: str = "local"
     """'local' (this object owns the buffers) or 'ray' (one named actor owns them for all workers)."""
-    ray_actor_name: str = "medvqa-armed-thresholds"
-    """Name of the threshold actor when ``threshold_store='ray'``."""
+    ray_actor_name: str | None = None
+    """Name of the threshold actor when ``threshold_store='ray'``; None = a fresh name for this
+    reward (see :mod:`rewards.adaptive_ray`), so two rewards share thresholds only if given one name."""
     device: str = "cpu"
     """Torch device for the encoders (the seed keeps them on CPU to leave the GPU to rollouts)."""
     batch_size: int = 64
@@ -106,8 +107,10 @@ class ARMedReward(RewardFunction):
         self._token_encoder = token_encoder
         self._sentence_encoder = None
         if self.config.threshold_store == "ray":
-            from rewards.adaptive_ray import RayThresholds
+            from rewards.adaptive_ray import RayThresholds, run_actor_name
 
+            # the run's name is written into this reward's config (a copy: the caller's stays as given)
+            self.config = replace(self.config, ray_actor_name=self.config.ray_actor_name or run_actor_name())
             self.thresholds = RayThresholds(self.config.adaptive, name=self.config.ray_actor_name)
         else:
             self.thresholds = AdaptiveThresholds(self.config.adaptive)
@@ -186,6 +189,12 @@ class ARMedReward(RewardFunction):
     def end_batch(self, batch_id: Any = None) -> dict[str, Any]:
         """Move the adaptive thresholds once, from the scores seen since the last boundary."""
         return {"thresholds": self.thresholds.end_batch(batch_id)}
+
+    def close(self) -> None:
+        """Let go of the threshold store (the run's Ray actor ends with its last holder)."""
+        close = getattr(self.thresholds, "close", None)
+        if callable(close):
+            close()
 
     def state_dict(self) -> dict[str, Any]:
         return {"thresholds": self.thresholds.state_dict()}

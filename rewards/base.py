@@ -85,6 +85,9 @@ class RewardFunction(abc.ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         pass
 
+    def close(self) -> None:
+        """Release what the reward holds outside this object (a Ray actor of adaptive state)."""
+
 
 class ByAnswerType(RewardFunction):
     """Routes each sample to the reward for its answer type (CLOSED, MCQ, OPEN), batching per type."""
@@ -109,6 +112,10 @@ class ByAnswerType(RewardFunction):
 
     def state_dict(self) -> dict[str, Any]:
         return {k.value: fn.state_dict() for k, fn in self.routes.items()}
+
+    def close(self) -> None:
+        for _, fn in _distinct(self.routes.items()):
+            _close(fn)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for k, fn in self.routes.items():
@@ -153,6 +160,10 @@ class WeightedSum(RewardFunction):
     def state_dict(self) -> dict[str, Any]:
         return {name: fn.state_dict() for name, (fn, _) in self.parts.items()}
 
+    def close(self) -> None:
+        for _, fn in _distinct((n, f) for n, (f, _) in self.parts.items()):
+            _close(fn)
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name, (fn, _) in self.parts.items():
             if name in state:
@@ -166,6 +177,12 @@ def _distinct(items):
         if id(fn) not in seen:
             seen.add(id(fn))
             yield key, fn
+
+
+def _close(fn: Any) -> None:
+    close = getattr(fn, "close", None)  # plain callables have nothing to release
+    if callable(close):
+        close()
 
 
 def with_answer(sample: RewardInput, answer: str | None) -> RewardInput:

@@ -132,5 +132,8 @@ class ToolUseShaping(RewardFunction):
     def state_dict(self) -> dict[str, Any]:
         return self.base.state_dict()
 
+    def close(self) -> None:
+        getattr(self.base, "close", lambda: None)()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.base.load_state_dict(state)

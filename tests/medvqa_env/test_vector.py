@@ -17,7 +17,7 @@ ZOOM = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [20, 50, 40, 
 def _make(mode: str, tiny_dataset, n: int = 3):
     kwargs = {"dataset": tiny_dataset, "reward": "rule", "tools": ["image_zoom_in"]}
     if mode in ("thread", "process"):
-        return gym.make_vec("MedVQA-v0", n, backend=mode, workers=1 if mode == "thread" else 2, **kwargs)
+        return gym.make_vec("MedVQA-v0", n, backend=mode, workers=1 if mode == "thread" else 2, group_size=1, **kwargs)
     return gym.make_vec("MedVQA-v0", n, vectorization_mode=mode,
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
 

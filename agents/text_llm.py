@@ -9,10 +9,18 @@ Prompts are rendered with the tokenizer's own chat template, with the tools' sch
 the env's system prompt is swapped for a tool-free one so the schemas are not shown twice; when
 it ignores them (SmolLM2's template) the env's system prompt, which lists them, is kept.
 Generation is batched (left padding) with the sampling settings given.
+
+A checkpoint written by this project's trainers (a folder with ``medvqa_run.json``) is run as it
+was trained: ``chat_format="chatml"`` renders the chat exactly as the trainers' encoder
+(:class:`agents.models.ChatEncoder`) did -- plain ChatML, the env's system prompt as it is (or the
+trainer's override), no ``tools=`` -- with its image placeholder; the same token ids as in
+training. ``chat_format="template"`` (the default for any other model) uses the tokenizer's chat
+template as described above. Passing a setting that differs from the checkpoint's logs a warning.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import torch
@@ -20,6 +28,9 @@ import torch
 from agents.base import Agent
 from medvqa_env.chat import Conversation
 from medvqa_env.errors import ConfigError
+
+log = logging.getLogger(__name__)
+CHAT_FORMATS = ("template", "chatml")
 
 TOOL_FREE_SYSTEM = (
     "You are a medical imaging assistant answering questions about radiology and pathology images. "
@@ -44,6 +55,8 @@ class TextLLMAgent(Agent):
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: ``float32``, ``bfloat16`` or ``float16`` (strings as on the command line).
         max_prompt_tokens: longer prompts keep their system turn and their most recent tokens.
+        chat_format: ``"template"`` (the tokenizer's chat template with ``tools=``) or ``"chatml"``
+            (as the trainers encode); default: the checkpoint's ``medvqa_run.json``, else ``"template"``.
     """
 
     name = "text-llm"
@@ -53,7 +66,7 @@ class TextLLMAgent(Agent):
                  temperature: float = 0.7, top_p: float = 0.9, top_k: int | None = None,
                  repetition_penalty: float | None = None, batch_size: int = 8, seed: int = 0,
                  system_prompt: str | None = None, max_prompt_tokens: int = 4096, device: str = "auto",
-                 dtype: str | torch.dtype = "float32") -> None:
+                 dtype: str | torch.dtype = "float32", chat_format: str | None = None) -> None:
         if max_new_tokens < 1 or batch_size < 1 or temperature < 0:
             raise ValueError(f"expected max_new_tokens >= 1, batch_size >= 1, temperature >= 0, got "
                              f"{max_new_tokens!r}, {batch_size!r}, {temperature!r}")
@@ -61,7 +74,10 @@ class TextLLMAgent(Agent):
 
         self.model_name = model if isinstance(model, str) else type(model).__name__
         device, dtype = resolve_device(device), resolve_dtype(dtype)
+        if chat_format is not None and chat_format not in CHAT_FORMATS:
+            raise ConfigError(f"expected chat_format in {CHAT_FORMATS}, got {chat_format!r}")
         self.saved_system_prompt: str | None = None  # the prompt a trainer saved with the checkpoint
+        self.trained = trained_rendering(model)  # how a trainer encoded this checkpoint ({} otherwise)
         self.model, self.tokenizer = self._load(model, tokenizer, dtype, device)
         self.model.eval()
         self.device, self.dtype = device, dtype
@@ -70,6 +86,9 @@ class TextLLMAgent(Agent):
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.system_prompt = system_prompt if system_prompt is not None else self.saved_system_prompt
         self.max_prompt_tokens = int(max_prompt_tokens)
+        self.chat_format = self._trained_or_given("chat_format", chat_format, "template")
+        if self.chat_format == "chatml" and self.trained.get("image_token") and type(self)._image_token is TextLLMAgent._image_token:
+            self.image_text = str(self.trained["image_token"])  # the trainer's placeholder, e.g. "<image>"
         self._calls = 0
         self._template_renders_tools: bool | None = None
 
@@ -87,6 +106,16 @@ class TextLLMAgent(Agent):
             raise ConfigError(f"expected a text-only causal LM for {self.name!r}, got a {kind} model from {model!r}; "
                               "use the 'vlm' agent for vision-language models")
         return loaded, encoder.tokenizer
+
+    def _trained_or_given(self, name: str, given: Any, default: Any) -> Any:
+        """``given`` if set (with a warning when it differs from the checkpoint's), else the
+        checkpoint's ``medvqa_run.json`` value, else ``default``."""
+        trained = self.trained.get(name)
+        if given is None:
+            return trained if trained is not None else default
+        if trained is not None and given != trained:
+            log.warning("%s=%r differs from the %r this checkpoint was trained with", name, given, trained)
+        return given
 
     # ---- prompts -------------------------------------------------------------------------------
     def _image_token(self, index: int) -> str:
@@ -108,6 +137,8 @@ class TextLLMAgent(Agent):
 
     def render(self, conversation: Conversation) -> str:
         """The prompt text for ``conversation`` (chat template, ``tools=``, generation prompt)."""
+        if self.chat_format == "chatml":
+            return self.render_chatml(conversation)
         messages = self.chat_messages(conversation)
         tools = list(conversation.info.get("tools") or []) or None
         if messages and messages[0]["role"] == "system":
@@ -120,6 +151,24 @@ class TextLLMAgent(Agent):
         # No template (a bare base model): ChatML, which SmolLM2 and Qwen both use.
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + "<|im_start|>assistant\n"
+
+    def render_chatml(self, conversation: Conversation) -> str:
+        """The chat as the trainers encode it (:meth:`agents.models.ChatEncoder.conversation`):
+        each message ``<|im_start|>role`` (tool turns as ``user``, their images first), its parts
+        joined by newlines, ``<|im_end|>``; the system prompt replaced only by an override."""
+        text = []
+        for m in conversation.messages:
+            content = m["content"]
+            if m["role"] == "system" and self.system_prompt is not None:
+                content = self.system_prompt
+            if m["role"] == "tool" and m.get("images"):
+                content = [{"type": "image", "image_index": i} for i in m["images"]] + [{"type": "text", "text": content}]
+            parts = content if isinstance(content, list) else [{"type": "text", "text": str(content)}]
+            pieces = [self._image_token(p["image_index"]) if p.get("type") == "image" else p.get("text", "")
+                      for p in parts]
+            role = "user" if m["role"] == "tool" else m["role"]
+            text.append(f"<|im_start|>{role}\n" + "\n".join(x for x in pieces if x) + "<|im_end|>\n")
+        return "".join(text) + "<|im_start|>assistant\n"
 
     def _renders_tools(self, tools: list[dict[str, Any]]) -> bool:
         if self._template_renders_tools is None:
@@ -179,9 +228,21 @@ class TextLLMAgent(Agent):
 
     def config(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model_name, "batch_size": self.batch_size, "seed": self.seed,
-                "dtype": str(self.dtype).removeprefix("torch."),
+                "dtype": str(self.dtype).removeprefix("torch."), "chat_format": self.chat_format,
                 **({"system_prompt": self.system_prompt} if self.system_prompt is not None else {}),
                 **{k: v for k, v in self.sampling.items() if v is not None}}
+
+
+def trained_rendering(model: Any) -> dict[str, Any]:
+    """How a trainer encoded the checkpoint folder ``model`` (``medvqa_run.json``'s ``encoder``
+    block: ``chat_format``, ``max_image_side``, ``image_token``); ``{}`` for anything else."""
+    from pathlib import Path
+
+    if not isinstance(model, str) or not Path(model).expanduser().is_dir():
+        return {}
+    from agents.models import read_run_file
+
+    return dict(read_run_file(Path(model).expanduser()).get("encoder") or {})
 
 
 def _left_pad(rows: Sequence[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -39,18 +39,19 @@ class VLMAgent(TextLLMAgent):
         image_processor: the image processor when ``model`` is a loaded model.
         merge_size: the vision tower's spatial merge size when ``model`` is a loaded model.
         max_image_side: images are shrunk to this side before patching (a CPU budget knob; real
-            runs may raise it to the processor's own ``max_pixels``).
+            runs may raise it to the processor's own ``max_pixels``); default: what a trainer's
+            checkpoint was trained with (``medvqa_run.json``), else 448.
         model_seed: seed for the random initialisation of tiny test models.
     """
 
     name = "vlm"
 
     def __init__(self, model: Any = "tiny-qwen2-vl", tokenizer: Any = None, image_processor: Any = None,
-                 merge_size: int = 2, max_image_side: int = 448, model_seed: int = 0, **options: Any) -> None:
+                 merge_size: int = 2, max_image_side: int | None = None, model_seed: int = 0, **options: Any) -> None:
         self._image_processor, self.merge_size = image_processor, int(merge_size)
-        self.max_image_side = int(max_image_side)
         self._model_seed = int(model_seed)
         super().__init__(model=model, tokenizer=tokenizer, **options)
+        self.max_image_side = int(self._trained_or_given("max_image_side", max_image_side, 448))
 
     def _load(self, model: Any, tokenizer: Any, dtype: torch.dtype, device: str):
         if not isinstance(model, str):

@@ -7,7 +7,10 @@ Three adapters, each small, so TRL's own trainer can train against the env:
   ``record_index`` column the reward uses to find the record;
 * :class:`EnvReward` -- a reward function with TRL's signature
   (``(prompts, completions, **columns) -> list[float | None]``): each completion is played as the
-  final turn of the record's episode and scored by the env's reward (rule, ARMed, ...). TRL calls a
+  record's episode -- its one turn, after which no turn follows, so an episode without an answer
+  runs out of turns and ends as the env ends it (``max_turns``), scored as "no answer", never
+  above a wrong answer -- and the episode's return (the env's reward: rule, ARMed, ...) is the
+  completion's reward. TRL calls a
   reward function once per generation batch, which is where ARMed's thresholds move
   (``end_batch``), as in the native trainer;
 * :func:`environment_class` -- a class for ``GRPOTrainer(environment_factory=...)``: one method per
@@ -82,7 +85,13 @@ class EnvReward:
     """TRL reward function: the env's reward for each completion as the answer to its record.
 
     ``record_index`` comes from the dataset column of the same name (TRL passes every extra column
-    as a keyword). Returns ``None`` (TRL: abstain) for rows without one."""
+    as a keyword). Returns ``None`` (TRL: abstain) for rows without one.
+
+    A completion is the policy's whole turn (TRL generates one). If it does not answer, the turns
+    after it are empty: the env counts them down to ``max_turns`` and ends the episode with its
+    no-answer score, which no env reward puts above a wrong answer (rule: -1 for both; ARMed: no
+    format credit and empty-text metrics). The reward is the episode's return (any
+    ``format_penalty`` of those turns included)."""
 
     def __init__(self, env_kwargs: Mapping[str, Any], seed: int = 0) -> None:
         self.env = _env(env_kwargs)
@@ -99,14 +108,23 @@ class EnvReward:
                 out.append(None)
                 continue
             self.env.reset(seed=self.seed, options={"index": int(index)})
-            _, reward, terminated, truncated, _ = self.env.step(completion_text(completion))
-            if not (terminated or truncated):  # a tool call where an answer was due: the no-answer reward
-                _, reward, _, _, _ = self.env.step("")
-            out.append(float(reward))
+            out.append(self._play(completion_text(completion)))
         end_batch = getattr(self.env.reward_fn, "end_batch", None)
         if callable(end_batch):
             end_batch()
         return out
+
+
+    def _play(self, turn: str) -> float:
+        """The episode's return with ``turn`` as its only turn (empty turns after it until it ends)."""
+        total, action = 0.0, turn
+        for _ in range(self.env.max_turns + 1):  # the env ends an episode after max_turns tool turns + 1
+            _, reward, terminated, truncated, _ = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                return total
+            action = ""
+        raise RuntimeError(f"expected the env to end the episode within {self.env.max_turns + 1} turns")
 
 
 def environment_class(env_kwargs: Mapping[str, Any]) -> type:

@@ -11,7 +11,7 @@ from train.trl_hook import EnvReward, completion_text, environment_class, prompt
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-ENV = {"dataset": "embedded", "split": "train", "tools": [], "reward": "rule", "max_turns": 0}
+ENV = {"dataset": "embedded", "split": "train", "tools": [], "reward": "rule"}  # the docstring's, defaults included
 
 
 def tiny_causal_lm():
@@ -33,12 +33,21 @@ def tiny_causal_lm():
 def test_env_reward_scores_completions_with_the_env_reward():
     data = prompt_dataset(ENV, indices=range(8), answer_types="CLOSED")
     reward = EnvReward(ENV)
+    assert reward.env.max_turns == 3  # the env's default, not a test-only 0
     gold = [r.answer for r in reward.env.dataset][:8]
     rows = list(zip(data["record_index"], data["prompt"]))
+    prompts, index = [p for _, p in rows], [i for i, _ in rows]
     right = [f"\\boxed{{{gold[i]}}}" for i, _ in rows]
     wrong = [[{"role": "assistant", "content": "\\boxed{maybe}"}] for _ in rows]  # conversational form
-    assert reward([p for _, p in rows], right, record_index=[i for i, _ in rows]) == [1.0] * len(rows)
-    assert reward([p for _, p in rows], wrong, record_index=[i for i, _ in rows]) == [-1.0] * len(rows)
+    silent = ["I would need to look more closely."] * len(rows)
+    calls = ['<tool_call>{"name": "zoom", "arguments": {}}</tool_call>'] * len(rows)
+    assert reward(prompts, right, record_index=index) == [1.0] * len(rows)
+    assert reward(prompts, wrong, record_index=index) == [-1.0] * len(rows)
+    for no_answer in (silent, calls):  # no answer scores at most a wrong answer, and the episode ends
+        scores = reward(prompts, no_answer, record_index=index)
+        assert all(s <= -1.0 for s in scores) and reward.env.done
+        assert reward.env.turn == reward.env.max_turns + 1  # ran out of turns: the env's "max_turns" end
+        assert all(not t["action"]["answers"] for t in reward.env.trace)
     assert completion_text(wrong[0]) == "\\boxed{maybe}"
     assert data[0]["prompt"][0]["role"] == "system" and "\\boxed" in data[0]["prompt"][0]["content"]
 
@@ -64,7 +73,8 @@ def test_trl_grpo_trainer_trains_against_the_env(tmp_path):
                       dataloader_num_workers=0)
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=Counting(ENV), train_dataset=data, args=args)
     trainer.train()
-    # the env scored every completion of the step, and TRL's advantages/loss used those scores
+    # the env scored every completion of the step (each episode ended: the rule's -1 or +1, never
+    # the 0.0 of an episode left open), and TRL's advantages/loss used those scores
     assert len(calls) == 1 and len(calls[0]) == 4 and all(r in (-1.0, 1.0) for r in calls[0])
     logged = trainer.state.log_history[0]
     assert float(logged["rewards/medvqa_rule/mean"]) == pytest.approx(sum(calls[0]) / 4)

@@ -273,13 +273,19 @@ def write_run_record(out: Path, args: Any, resumed_at: int | None) -> dict[str, 
 # Held-out evaluation
 # ==============================================================================================
 def evaluate_heldout(model, encoder, pool, indices: Sequence[int], max_new_tokens: int, seed: int = 0,
-                     micro_batch: int = 32) -> dict[str, float]:
+                     micro_batch: int = 32, prefix: str = "eval", answers_path: str | Path | None = None,
+                     step: int | None = None, tag: str | None = None, generator: Any = None) -> dict[str, float]:
     """Greedy episodes on ``indices`` (one each); accuracy, mean reward, format and tool use, and
-    on OPEN questions ``eval/open/armed_avg`` and ``eval/open/exact_match``."""
+    on OPEN questions ``<prefix>/open/armed_avg`` and ``<prefix>/open/exact_match``; the answers'
+    diversity (``<prefix>/distinct_answers``, ``answer_entropy``, ``top_answer_share``: a constant
+    answer shows). With ``answers_path`` every episode's answer is appended there as a JSON line
+    (``step``, ``tag`` -- e.g. an image ablation -- record, gold, answer, correct, reward, tool calls).
+    ``generator`` replaces the model's greedy decoding (a scripted baseline, scored the same way)."""
+    from eval.answers import answer_diversity
     from train.metrics_log import rollout_metrics
     from train.rollout import HFGenerator, collect_rollouts
 
-    gen = HFGenerator(model, encoder, max_new_tokens=max_new_tokens, greedy=True)
+    gen = generator or HFGenerator(model, encoder, max_new_tokens=max_new_tokens, greedy=True)
     out: dict[str, float] = {}
     trajs = []
     for k in range(0, len(indices), pool.size):
@@ -290,6 +296,49 @@ def evaluate_heldout(model, encoder, pool, indices: Sequence[int], max_new_token
     m = rollout_metrics(trajs)
     for key in ("rollout/accuracy", "rollout/reward_mean", "rollout/format_ok", "tools/calls_per_episode",
                 "rollout/answered"):
-        out["eval/" + key.split("/")[1]] = m.get(key, float("nan"))
-    out.update({"eval/" + k: v for k, v in m.items() if k.startswith("open/")})  # ARMed Avg, EM on OPEN
+        out[f"{prefix}/" + key.split("/")[1]] = m.get(key, float("nan"))
+    out.update({f"{prefix}/" + k: v for k, v in m.items() if k.startswith("open/")})  # ARMed Avg, EM on OPEN
+    diversity = answer_diversity(t.answer for t in trajs)
+    out.update({f"{prefix}/distinct_answers": float(diversity["distinct"]),
+                f"{prefix}/answer_entropy": diversity["entropy_bits"],
+                f"{prefix}/top_answer_share": diversity["top_share"]})
+    if answers_path is not None:
+        write_heldout_answers(answers_path, trajs, step=step, tag=tag)
     return out
+
+
+def evaluate_ablations(model, encoder, args: Any, indices: Sequence[int], answers_path: str | Path | None,
+                       step: int | None) -> dict[str, float]:
+    """:func:`evaluate_heldout` once per mode of ``args.eval_ablations`` (``blank``, ``shuffle``:
+    see :mod:`medvqa_env.ablation`) on the held-out split, keys ``eval_<mode>/...``: how much of
+    the score was the picture's."""
+    from eval.ablation import ablation_modes
+    from medvqa_env.pool import EnvPool
+
+    out: dict[str, float] = {}
+    for mode in ablation_modes(getattr(args, "eval_ablations", "") or None):
+        pool = EnvPool({**run_env_kwargs(args, args.eval_split), "image_ablation": mode}, min(len(indices), 32))
+        try:
+            out.update(evaluate_heldout(model, encoder, pool, indices, args.max_new_tokens, prefix=f"eval_{mode}",
+                                        answers_path=answers_path, step=step, tag=mode))
+        finally:
+            pool.close()
+    return out
+
+
+def write_heldout_answers(path: str | Path, trajectories: Sequence[Any], step: int | None = None,
+                          tag: str | None = None) -> None:
+    """Append one JSON line per held-out episode: what was answered, not only how it scored."""
+    rows = []
+    for t in trajectories:
+        row = {"step": step, "tag": tag, "record_id": t.record_id, "answer_type": t.answer_type,
+               "gold": t.ground_truth, "answer": t.answer, "correct": t.correct, "reward": round(float(t.reward), 4),
+               "format_ok": t.format_ok, "tool_calls": list(t.tool_calls), "end_reason": t.end_reason,
+               "turns": [text[:160] for text in t.turn_texts]}
+        scores = {k: round(float(v), 4) for k, v in t.components.items() if k in ("bleu1", "rouge1", "bertscore", "cosine")}
+        if scores:
+            row["open_metrics"] = scores
+        rows.append(json.dumps(row, default=str))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(rows) + ("\n" if rows else ""))

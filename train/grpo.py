@@ -29,10 +29,11 @@ from train.batching import from_trajectory, gold_answer_sequence, micro_batches,
 from medvqa_env.cli import run_cli
 from medvqa_env.errors import ConfigError
 from train.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint, trained_settings
-from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, make_optimizer, parse_args,
-                          run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
+from train.common import (build_policy, check_resume, count_trainable, evaluate_ablations, evaluate_heldout,
+                          make_optimizer, parse_args, run_env_kwargs, save_policy, select_indices, system_prompt_of,
+                          write_run_record)
 from medvqa_env.pool import EnvPool
-from train.metrics_log import MetricsLogger, reward_thresholds, rollout_metrics
+from train.metrics_log import MetricsLogger, purge_rows, reward_thresholds, rollout_metrics
 from train.rollout import HFGenerator, collect_rollouts, fill_groups, group_requests
 
 
@@ -127,6 +128,9 @@ class Args:
     """evaluate on the held-out split every k steps (0 = only at start and end)"""
     eval_size: int = 64
     """held-out questions"""
+    eval_ablations: str = ""
+    """at the last step also evaluate with the images ``blank`` and/or ``shuffle``d (comma list;
+    tools see the same ablated image): keys ``eval_<mode>/...``"""
     save_every: int = 5
     """save ``out/checkpoints/step_N`` (an HF folder eval.run loads, plus optimizer/RNG state) every k steps;
     the last step is always saved (0 = only the last)"""
@@ -314,8 +318,11 @@ def main(args: Args) -> dict[str, float] | int:
     print(f"policy {args.policy} ({kind}, {next(model.parameters()).device}, {next(model.parameters()).dtype}): "
           f"{trainable:,} of {total:,} parameters train; algo {args.algo}; "
           f"{len(train_idx)} train / {len(eval_idx)} held-out questions")
+    answers_path = out / "heldout_answers.jsonl"  # every held-out answer, so a constant answer cannot pass for learning
+    purge_rows(answers_path, start_step + 1 if start_step else 0)  # a resume writes those evaluations again
     if start_step == 0:
-        logger.log(0, {**evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens), "time/wall_s": 0.0})
+        logger.log(0, {**evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
+                                          answers_path=answers_path, step=0), "time/wall_s": 0.0})
 
     # ---- loop -----------------------------------------------------------------------------
     from tqdm.auto import tqdm
@@ -365,11 +372,15 @@ def main(args: Args) -> dict[str, float] | int:
                    "time/rollout_s": t_rollout, "time/generation_s": batch.timings.get("generation_s", 0.0),
                    "time/env_wait_s": batch.timings.get("env_wait_s", 0.0), "time/update_s": t_update,
                    "time/tokens_per_s": batch.timings.get("generated_tokens", 0) / max(1e-9, batch.timings.get("generation_s", 0.0)),
-                   "time/wall_s": time.perf_counter() - t_start, "grasp/running_accuracy": state["running_accuracy"],
+                   "time/wall_s": time.perf_counter() - t_start, "time/cpu_s": time.process_time(),
+                   "grasp/running_accuracy": state["running_accuracy"],
                    **thresholds}
         if (args.eval_every and done % args.eval_every == 0) or done == args.steps:
             t0 = time.perf_counter()
-            metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
+            metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
+                                            answers_path=answers_path, step=done))
+            if done == args.steps:
+                metrics.update(evaluate_ablations(model, encoder, args, eval_idx, answers_path, done))
             metrics["time/eval_s"] = time.perf_counter() - t0
         logger.log(done, metrics)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", acc=f"{metrics['rollout/accuracy']:.2f}")

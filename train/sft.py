@@ -38,10 +38,11 @@ from medvqa_env.cli import run_cli
 from medvqa_env.config import parse_options
 from medvqa_env.errors import ConfigError
 from train.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint, trained_settings
-from train.common import (build_policy, check_resume, count_trainable, evaluate_heldout, make_optimizer, parse_args,
-                          run_env_kwargs, save_policy, select_indices, system_prompt_of, write_run_record)
+from train.common import (build_policy, check_resume, count_trainable, evaluate_ablations, evaluate_heldout,
+                          make_optimizer, parse_args, run_env_kwargs, save_policy, select_indices, system_prompt_of,
+                          write_run_record)
 from medvqa_env.pool import EnvPool
-from train.metrics_log import MetricsLogger
+from train.metrics_log import MetricsLogger, purge_rows
 from train.rollout import ScriptedGenerator, collect_rollouts
 
 MODALITIES = ["CT", "MRI", "X-Ray", "Ultrasound"]
@@ -105,6 +106,9 @@ class Args:
     """held-out questions evaluated before and after"""
     eval_every: int = 0
     """also evaluate every k steps (0 = only before and after)"""
+    eval_ablations: str = ""
+    """at the last step also evaluate with the images ``blank`` and/or ``shuffle``d (comma list;
+    tools see the same ablated image): keys ``eval_<mode>/...``"""
     max_new_tokens: int = 40
     """tokens per turn at evaluation"""
     save_every: int = 10
@@ -205,8 +209,11 @@ def main(args: Args) -> dict[str, float]:
                            project=args.wandb_project, purge_step=start_step + 1 if start_step else 0)
     trainable, total = count_trainable(model)
     print(f"SFT {args.policy} ({kind}): {trainable:,} of {total:,} parameters train")
+    answers_path = out / "heldout_answers.jsonl"  # every held-out answer, so a constant answer cannot pass for learning
+    purge_rows(answers_path, start_step + 1 if start_step else 0)  # a resume writes those evaluations again
     if start_step == 0:
-        logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
+        logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
+                                       answers_path=answers_path, step=0))
 
     # ---- loop -----------------------------------------------------------------------------
     t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
@@ -230,7 +237,11 @@ def main(args: Args) -> dict[str, float]:
         metrics = {"losses/sft": total_loss, "rollout/reward_mean": float(batch.rewards.mean()),
                    "time/wall_s": time.perf_counter() - t_start}
         if done == args.steps or (args.eval_every and done % args.eval_every == 0):
-            metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens))
+            metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
+                                            answers_path=answers_path, step=done))
+        if done == args.steps:
+            metrics.update(evaluate_ablations(model, encoder, args, eval_idx, answers_path, done))
+        metrics["time/cpu_s"] = time.process_time()
         logger.log(done, metrics)
         print(f"sft step {done}/{args.steps} loss {total_loss:.3f} ({metrics['time/wall_s']:.0f}s)", flush=True)
         if (args.save_every and done % args.save_every == 0) or done == args.steps:

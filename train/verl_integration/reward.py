@@ -92,6 +92,12 @@ def build_reward(threshold_store: str = "auto", armed: Mapping[str, Any] | None 
     store = resolve_store(threshold_store)
     from rewards import default_reward
 
+    armed = dict(armed or {})
+    if store == "ray" and _ray_running():
+        # every process of the job builds the reward from one config: one name per job finds one actor
+        from rewards.adaptive_ray import job_actor_name
+
+        armed.setdefault("ray_actor_name", job_actor_name())
     if store == "local" and not armed:
         return default_reward()
     try:
@@ -102,7 +108,7 @@ def build_reward(threshold_store: str = "auto", armed: Mapping[str, Any] | None 
     from rewards.rule import RuleReward
 
     rule = RuleReward()
-    return ByAnswerType(closed=rule, mcq=rule, open=ARMedReward(threshold_store=store, **dict(armed or {})))
+    return ByAnswerType(closed=rule, mcq=rule, open=ARMedReward(threshold_store=store, **armed))
 
 
 def shared_reward(threshold_store: str = "auto", armed: Mapping[str, Any] | None = None):
@@ -112,6 +118,11 @@ def shared_reward(threshold_store: str = "auto", armed: Mapping[str, Any] | None
                      default=str)
     with _LOCK:
         if key not in _REWARDS:
+            if resolve_store(threshold_store) == "local" and _ray_running():
+                import warnings
+
+                warnings.warn("threshold_store='local' inside a Ray job: each worker process scores alone with its "
+                              "own ARMed thresholds; 'auto' or 'ray' shares one state per run", stacklevel=2)
             _REWARDS[key] = _Serialized(build_reward(threshold_store, armed))
         return _REWARDS[key]
 

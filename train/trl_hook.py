@@ -12,10 +12,14 @@ Three adapters, each small, so TRL's own trainer can train against the env:
   above a wrong answer -- and the episode's return (the env's reward: rule, ARMed, ...) is the
   completion's reward. TRL calls a
   reward function once per generation batch, which is where ARMed's thresholds move
-  (``end_batch``), as in the native trainer;
+  (``end_batch(k)`` for the k-th batch), as in the native trainer. TRL on several processes has an
+  ``EnvReward`` in each: with an adaptive reward they score alone (it warns) unless the reward's
+  state is one named Ray actor (``{"name": "default", "threshold_store": "ray", "ray_actor_name":
+  ...}``), which moves once per batch however many processes announce it;
 * :func:`environment_class` -- a class for ``GRPOTrainer(environment_factory=...)``: one method per
   env tool (typed arguments and a Google-style docstring, which is how TRL exposes methods as
-  tools), ``reset(record_index=...)`` per rollout. Multi-turn tool use through it needs a policy
+  tools), ``reset(record_index=...)`` per rollout; the instances of one class share one toolbox
+  (a group's identical tool call runs once) and reward. Multi-turn tool use through it needs a policy
   whose chat template renders tools and a response parser TRL knows (Qwen, Llama 3.1); the tiny
   test models have neither, so its tests check the schemas TRL will read, not a tool-calling run.
 
@@ -96,7 +100,9 @@ class EnvReward:
     def __init__(self, env_kwargs: Mapping[str, Any], seed: int = 0) -> None:
         self.env = _env(env_kwargs)
         self.seed = seed
+        self.batches = 0
         self.__name__ = f"medvqa_{getattr(self.env.reward_fn, 'name', 'reward')}"  # TRL logs rewards/<name>
+        _warn_if_processes_score_alone(self.env.reward_fn)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], record_index: Sequence[int] | None = None,
                  **columns: Any) -> list[float | None]:
@@ -111,7 +117,8 @@ class EnvReward:
             out.append(self._play(completion_text(completion)))
         end_batch = getattr(self.env.reward_fn, "end_batch", None)
         if callable(end_batch):
-            end_batch()
+            end_batch(self.batches)  # an id: processes sharing one Ray-held state move it once per batch
+        self.batches += 1
         return out
 
 
@@ -125,6 +132,22 @@ class EnvReward:
                 return total
             action = ""
         raise RuntimeError(f"expected the env to end the episode within {self.env.max_turns + 1} turns")
+
+
+def _warn_if_processes_score_alone(reward: Any) -> None:
+    """TRL under ``accelerate``/``torchrun`` builds one EnvReward per process (``WORLD_SIZE``)."""
+    import os
+    import warnings
+
+    from medvqa_env.vector import reward_state_stores
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return
+    alone = [s for s in reward_state_stores(reward) if not s.startswith("ray:")]
+    if alone:
+        warnings.warn(f"EnvReward in each of {os.environ['WORLD_SIZE']} processes scores alone: its reward state "
+                      f"({', '.join(alone)}) is per process. Give the reward threshold_store='ray' and one "
+                      "ray_actor_name to share it.", stacklevel=3)
 
 
 def environment_class(env_kwargs: Mapping[str, Any]) -> type:
@@ -142,8 +165,15 @@ def environment_class(env_kwargs: Mapping[str, Any]) -> type:
 
 
 def _env_init(env_kwargs: Mapping[str, Any]):
+    from medvqa_env.services import EnvServices
+
+    kwargs = dict(env_kwargs)
+    shared: list[Any] = []  # one EnvServices for every instance of the class, built by the first
+
     def __init__(self) -> None:
-        self.env = _env(env_kwargs)
+        if not shared:
+            shared.append(EnvServices.build(kwargs.pop("tools", None), kwargs.pop("reward", None)))
+        self.env = _env({**kwargs, "services": shared[0]})
     return __init__
 
 

@@ -95,3 +95,27 @@ def test_tool_environment_exposes_the_env_tools_as_trl_reads_them():
     assert get_json_schema(env.ground)["function"]["parameters"]["properties"]["text"]["type"] == "string"
     env.reset(record_index=1)
     assert env.ground(text="lesion").lstrip().startswith("<observation>")
+
+
+def test_tool_environments_of_one_class_share_services_and_processes_scoring_alone_are_told(monkeypatch):
+    cls = environment_class({**ENV, "tools": "image_zoom_in", "max_turns": 2})
+    a, b = cls(), cls()
+    assert a.env.services is b.env.services                              # one toolbox and cache for the group
+    monkeypatch.setenv("WORLD_SIZE", "2")                                # TRL under accelerate: one per process
+    with pytest.warns(UserWarning, match="2 processes scores alone.*ray_actor_name"):
+        EnvReward({**ENV, "reward": "default"})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        EnvReward(ENV)                                                   # the rule reward has no state to share
+
+
+def test_env_reward_ends_each_batch_with_its_number(monkeypatch):
+    reward = EnvReward(ENV)
+    seen = []
+    monkeypatch.setattr(reward.env.reward_fn, "end_batch", lambda batch_id=None: seen.append(batch_id) or {})
+    data = prompt_dataset(ENV, indices=range(2))
+    for _ in range(3):
+        reward(data["prompt"], ["\\boxed{yes}"] * 2, record_index=data["record_index"])
+    assert seen == [0, 1, 2]                                             # ids a shared state moves once per

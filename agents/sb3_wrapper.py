@@ -19,6 +19,11 @@ Observations (``Dict`` of ``Box``, SB3's ``MultiInputPolicy`` takes it as is):
 * ``"features"``: ``float32`` in ``[0, 1]``: answer type one-hot (3), organ one-hot (4), tool
   turns used / left, last tool call ok / failed / gave an image, the last zoom region (4, as
   fractions), MCQ option count, and a hashed bag of the question's words (``question_buckets``).
+
+Many copies (SB3's ``DummyVecEnv``): :func:`make_sb3_vec_env` hands every copy one
+:class:`~medvqa_env.services.EnvServices` (one reward, so one set of ARMed thresholds, and one
+toolbox), and :func:`end_batch_callback` ends a batch after each PPO rollout, as the GRPO trainers do.
+Copies in ``SubprocVecEnv`` workers cannot share an in-process reward: each scores alone.
 """
 
 from __future__ import annotations
@@ -226,3 +231,56 @@ def make_sb3_env(dataset: Any = "embedded", split: str = "train", answer_source:
     """``DiscreteMedVQA(MedVQAEnv(dataset, split, **env_options), ...)`` in one call."""
     return DiscreteMedVQA(MedVQAEnv(dataset=dataset, split=split, **env_options), answer_source=answer_source,
                           **(wrapper_options or {}))
+
+
+def make_sb3_vec_env(n_envs: int, dataset: Any = "embedded", split: str = "train", tools: Any = None,
+                     reward: Any = None, wrapper_options: dict[str, Any] | None = None, **env_options: Any):
+    """``(DummyVecEnv of n_envs DiscreteMedVQA copies, their EnvServices)``: the copies share one
+    reward and toolbox; pass ``end_batch_callback(services)`` to ``model.learn`` so the reward's
+    adaptive state moves once per rollout. Close the services after the vec env."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from medvqa_env.datasets import load_dataset
+    from medvqa_env.services import EnvServices
+
+    if not isinstance(n_envs, int) or n_envs < 1:
+        raise ValueError(f"expected n_envs >= 1, got {n_envs!r}")
+    records = load_dataset(dataset, split=split) if isinstance(dataset, str) else dataset
+    services = EnvServices.build(tools=tools, reward=reward)
+    options = dict(wrapper_options or {})
+    options.setdefault("answers", answer_vocabulary(records, options.pop("n_open_answers", 32)))
+
+    def one() -> DiscreteMedVQA:
+        return DiscreteMedVQA(MedVQAEnv(dataset=records, services=services, **env_options), **options)
+    return DummyVecEnv([one] * n_envs), services
+
+
+def end_batch_callback(services: Any):
+    """An SB3 callback: ``services.end_batch(k)`` after the k-th rollout (the batch PPO learns from),
+    so the copies' shared reward state moves once per batch and never while a rollout is scored."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class EndBatch(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches = 0
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            moved = services.end_batch(self.batches)
+            self.batches += 1
+            for name, value in _flat(moved):
+                self.logger.record(f"reward_state/{name}", value)
+
+    return EndBatch()
+
+
+def _flat(tree: Any, prefix: str = ""):
+    """``(slash-joined name, number)`` leaves of an ``end_batch`` result, for the logger."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flat(v, f"{prefix}/{k}" if prefix else str(k))
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield prefix, float(tree)

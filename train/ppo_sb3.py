@@ -83,13 +83,15 @@ def load_split(args: Args, split: str):
     return load_dataset(args.dataset, split=split, **parse_options(args.dataset_opt, "--dataset-opt"))
 
 
-def make_env(args: Args, dataset, answers: list[str]):
+def make_env(args: Args, dataset, answers: list[str], services=None):
+    """One copy; copies given one ``services`` share its reward (one ARMed state) and toolbox."""
     from agents.sb3_wrapper import DiscreteMedVQA
     from medvqa_env.env import MedVQAEnv
 
     from rewards import build_reward
 
-    env = MedVQAEnv(dataset=dataset, reward=build_reward(args.reward), max_turns=args.max_turns)
+    shared = {"services": services} if services is not None else {"reward": build_reward(args.reward)}
+    env = MedVQAEnv(dataset=dataset, max_turns=args.max_turns, **shared)
     return DiscreteMedVQA(env, answers=answers, image_size=args.image_size)
 
 
@@ -131,12 +133,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from agents.baselines import AnswerPriorAgent
     from agents.devices import resolve_device
-    from agents.sb3_wrapper import answer_vocabulary
+    from agents.sb3_wrapper import answer_vocabulary, end_batch_callback
+    from medvqa_env.services import EnvServices
 
     torch.set_num_threads(args.torch_threads)
     train_set, eval_set = load_split(args, args.train_split), load_split(args, args.eval_split)
     answers = answer_vocabulary(train_set, args.n_open_answers)
-    vec_env = DummyVecEnv([lambda: make_env(args, train_set, answers) for _ in range(args.n_envs)])
+    # the training copies share one reward (its ARMed state moves once per PPO rollout) and toolbox;
+    # the held-out env keeps its own, frozen, so the before/after evaluations are comparable
+    services = EnvServices.build(reward=args.reward)
+    vec_env = DummyVecEnv([lambda: make_env(args, train_set, answers, services) for _ in range(args.n_envs)])
     vec_env.seed(args.seed)
     eval_env = make_env(args, eval_set, answers)
 
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     before = evaluate(sb3_policy(model), eval_env, args.eval_episodes)
 
     start = time.perf_counter()
-    model.learn(total_timesteps=args.total_timesteps)
+    model.learn(total_timesteps=args.total_timesteps, callback=end_batch_callback(services))
     train_s = time.perf_counter() - start
     after = evaluate(sb3_policy(model), eval_env, args.eval_episodes)
 
@@ -162,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     vec_env.close()
+    services.close()
     eval_env.close()
     return result
 

@@ -91,3 +91,24 @@ def test_ppo_script_trains_and_reports(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["before"]["n"] == 8 and 0.0 <= saved["after"]["accuracy"] <= 1.0
     assert set(result["after"]["accuracy_by_type"]) <= {"CLOSED", "OPEN", "MCQ"}
+
+
+def test_sb3_copies_share_one_reward_and_ppo_ends_a_batch_per_rollout(train_set):
+    from stable_baselines3 import PPO
+
+    from agents.sb3_wrapper import end_batch_callback, make_sb3_vec_env
+
+    vec, services = make_sb3_vec_env(2, train_set, tools=["image_zoom_in"], reward="default", max_turns=1)
+    try:
+        assert all(e.unwrapped.reward_fn is services.reward for e in vec.envs)
+        assert all(e.unwrapped.toolbox is services.toolbox for e in vec.envs)
+        ended = []
+        real = services.end_batch
+        services.end_batch = lambda batch_id=None: ended.append(batch_id) or real(batch_id)
+        model = PPO("MultiInputPolicy", vec, n_steps=16, batch_size=32, n_epochs=1, seed=0, device="cpu")
+        model.learn(total_timesteps=64, callback=end_batch_callback(services))
+        assert ended == [0, 1]                                             # 64 steps = two rollouts of 2 x 16
+        assert services.state_dict()["reward"]["OPEN"]["thresholds"]["last_batch_id"] == 1
+    finally:
+        vec.close()
+        services.close()

@@ -266,6 +266,8 @@ class Runner:
         }
         if score.get("metrics_error"):
             row["metrics_error"] = score["metrics_error"]
+        if score.get("references"):  # every accepted answer (VQA-Med's '#'): scored as the best of them
+            row["references"] = score["references"]
         return row
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -484,7 +486,8 @@ class Runner:
         try:
             if self._metrics is None:
                 raise RuntimeError(self._metrics_error)
-            measured = self._metrics([r["prediction"] or "" for r in rows], [r["ground_truth"] for r in rows])
+            measured = self._metrics([r["prediction"] or "" for r in rows],
+                                     [r.get("references") or r["ground_truth"] for r in rows])
         except Exception as e:  # noqa: BLE001 -- a metric failure costs the metrics, not the episodes
             if self._metrics is not None:
                 log.warning("open-answer metrics failed: %s", e, exc_info=True)

@@ -6,6 +6,10 @@
   and ``armed_avg`` = their mean (seed 000 §6.2); ``correct`` = normalised exact match, which is
   what pass@K counts for open answers. A missing prediction scores 0 on all four.
 * every type: ``exact_match`` (normalised, yes/no synonyms folded) and ``format_ok``.
+* several accepted answers (``metadata["answer_alternatives"]``, VQA-Med's ``#``): the best over
+  them, as the official VQA-Med evaluations score (:mod:`rewards.alternatives`): correct and exact
+  match if any alternative matches, each open metric its maximum over the alternatives, and
+  ``armed_avg`` the mean of those maxima.
 
 Tool-use statistics come from the episode trace (:func:`tool_stats`).
 """
@@ -18,6 +22,7 @@ from medvqa_env.errors import ToolError
 from medvqa_env.records import AnswerType, VQARecord
 
 OPEN_METRICS = ("bleu1", "rouge1", "bertscore", "cossim")
+METRIC_DIGITS = 6  # open metrics are rounded to this many decimals (float32 encoders hold no more)
 
 # Parser messages (medvqa_env.parser) that mean a <tool_call> block could not be read.
 _MALFORMED_CALL_MARKERS = ("<tool_call>", "in the arguments of", '"arguments" of')
@@ -90,20 +95,29 @@ class OpenMetrics:
         self._lexical = lexical_scores
         self._armed = ARMedReward(**self.options)
 
-    def __call__(self, predictions: Sequence[str], references: Sequence[str]) -> list[dict[str, float]]:
+    def __call__(self, predictions: Sequence[str], references: Sequence[str | Sequence[str]]) -> list[dict[str, float]]:
+        """One row of metrics per prediction; a reference may be a list of accepted answers, each
+        metric then being its best over them (the official VQA-Med evaluations' max)."""
         if len(predictions) != len(references):
             raise ValueError(f"expected as many predictions as references, got {len(predictions)} and {len(references)}")
         if not predictions:
             return []
-        preds, refs = [p or "" for p in predictions], list(references)
+        owner, preds, refs = [], [], []
+        for i, (p, ref) in enumerate(zip(predictions, references)):
+            for r in ([ref] if isinstance(ref, str) else list(ref) or [""]):
+                owner.append(i)
+                preds.append(p or "")
+                refs.append(r)
         bleu, rouge = self._lexical(preds, refs, stem=bool(self.options.get("stem", False)))
         bert, cos = self._armed.semantic_scores(preds, refs)
-        rows = []
-        for i in range(len(preds)):
-            row = {"bleu1": float(bleu[i]), "rouge1": float(rouge[i]), "bertscore": float(bert[i]),
-                   "cossim": float(cos[i])}
+        rows: list[dict[str, float]] = [{} for _ in predictions]
+        for j, i in enumerate(owner):
+            for name, value in zip(OPEN_METRICS, (bleu[j], rouge[j], bert[j], cos[j])):
+                rows[i][name] = max(rows[i].get(name, float("-inf")), float(value))
+        for row in rows:
             row["armed_avg"] = sum(row[m] for m in OPEN_METRICS) / len(OPEN_METRICS)
-            rows.append(row)
+            # float32 encoders: 1.00000003 or 0.99999994 for identical texts; 6 digits is what they hold
+            row.update({k: round(min(1.0, v), METRIC_DIGITS) for k, v in row.items()})
         return rows
 
 
@@ -118,19 +132,23 @@ def score_episode(record: VQARecord, answer: str | None, format_ok: bool) -> dic
     >>> s["correct"], s["exact_match"], s["metrics"]
     (True, True, {})
     """
+    from rewards.alternatives import accepted_answers
     from rewards.base import RewardInput
     from rewards.normalize import exact_match
     from rewards.rule import answer_matches
 
-    sample = RewardInput(completion="", answer=answer, ground_truth=record.answer,
-                         answer_type=record.answer_type, options=dict(record.options), format_ok=format_ok)
-    em = exact_match(answer, record.answer)
+    references = accepted_answers(record.answer, record.metadata)
+    em = any(exact_match(answer, ref) for ref in references)
     out: dict[str, Any] = {"answer": answer, "exact_match": bool(em), "format_ok": bool(format_ok), "metrics": {}}
+    if len(references) > 1:
+        out["references"] = references
     if record.answer_type is AnswerType.OPEN:
         out["correct"] = bool(em)
         out["needs_open_metrics"] = True
     else:
-        out["correct"] = bool(answer_matches(sample))
+        out["correct"] = any(answer_matches(RewardInput(completion="", answer=answer, ground_truth=ref,
+                                                        answer_type=record.answer_type, options=dict(record.options),
+                                                        format_ok=format_ok)) for ref in references)
     return out
 
 

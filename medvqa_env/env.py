@@ -282,6 +282,8 @@ class MedVQAEnv(gym.Env[dict, str]):
                 "annotations": self.annotations.to_dict(), "image_paths": list(record.image_paths),
                 "trajectory": [m["content"] for m in self.messages if m["role"] == "assistant"],
                 "end_reason": end_reason,
+                # accepted alternatives (VQA-Med's '#'): the "alternatives" reward scores the best of them
+                "answer_alternatives": list(record.metadata.get("answer_alternatives") or ()),
             },
         )
         obs = {"text": "", "images": ()}

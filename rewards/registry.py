@@ -7,6 +7,9 @@ The env resolves a string ``reward=`` through :func:`build_reward`. Names:
 * ``armed`` -- ARMed for every sample (options go to :class:`rewards.armed.ARMedConfig`).
 * ``medix`` -- the MediX-R1 composite (needs ``judge=`` options or a judge URL; see below).
 * ``grasp`` -- the GRASP reward.
+* ``alternatives`` -- another reward (``reward=``, default ``default``) scored against the record's
+  answer and each accepted alternative (VQA-Med's ``#``), keeping the best, as the official VQA-Med
+  evaluations do (:mod:`rewards.alternatives`): ``"alternatives:reward=armed"``.
 
 Append ``+tools`` to any name for tool-use shaping (:class:`rewards.shaping.ToolUseShaping`),
 e.g. ``build_reward("default+tools")``; shaping options go in ``tool_shaping={...}``.
@@ -20,7 +23,7 @@ e.g. ``build_reward("default+tools")``; shaping options go in ``tool_shaping={..
 >>> build_reward("armd")
 Traceback (most recent call last):
 ...
-medvqa_env.errors.ConfigError: Unknown reward 'armd'. Available: ['armed', 'default', 'exact_match', 'grasp', 'medix', 'rule']. Did you mean 'armed'?
+medvqa_env.errors.ConfigError: Unknown reward 'armd'. Available: ['alternatives', 'armed', 'default', 'exact_match', 'grasp', 'medix', 'rule']. Did you mean 'armed'?
 """
 
 from __future__ import annotations
@@ -119,3 +122,12 @@ def _grasp(**options: Any) -> RewardFunction:
     from rewards.grasp import GRASPReward
 
     return GRASPReward(**options)
+
+
+@register_reward("alternatives")
+def _alternatives(reward: str | dict = "default", **options: Any) -> RewardFunction:
+    from rewards.alternatives import BestOfAlternatives
+
+    if isinstance(reward, str) and reward.partition(":")[0] == "alternatives":
+        raise ConfigError("expected the reward to score alternatives with, got 'alternatives' itself")
+    return BestOfAlternatives(build_reward(reward, **options))

@@ -129,3 +129,14 @@ def test_refs_round_trip_and_a_hash_in_a_real_name_survives(tmp_path):
     odd = tmp_path / "scan#1.png"
     Image.new("L", (4, 4), 9).save(odd)
     assert grey(odd)[0, 0] == 9
+
+
+def test_a_2d_array_with_an_identity_affine_is_shown_anti_transposed(tmp_path):
+    """docs/datasets.md: radiological display puts array axis 0 (x, patient left-to-right) on the
+    picture's rows reversed and axis 1 (y, posterior-to-anterior) on its columns reversed."""
+    from medvqa_env.medical_images import ImageOptions, read_nifti
+
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    p = write_nifti(tmp_path / "flat.nii", array)
+    shown = read_nifti(p.read_bytes(), ImageOptions(), "flat.nii", 10**6).array
+    assert np.array_equal(shown, array.T[::-1, ::-1])

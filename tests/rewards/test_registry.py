@@ -15,7 +15,7 @@ from rewards.shaping import ToolUseShaping
 
 
 def test_names():
-    assert available_rewards() == ["armed", "default", "exact_match", "grasp", "medix", "rule"]
+    assert available_rewards() == ["alternatives", "armed", "default", "exact_match", "grasp", "medix", "rule"]
     assert isinstance(build_reward("default"), ByAnswerType)
     assert isinstance(build_reward("armed", lambda1=0.3), ARMedReward)
     assert build_reward("armed", lambda1=0.3).config.lambda1 == 0.3

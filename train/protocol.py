@@ -286,7 +286,7 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, 
     if n < 2:
         return mean, float("nan"), float("nan"), float("nan")
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
     return mean, sd, mean - half, mean + half
 
 
@@ -304,7 +304,7 @@ def welch_difference(a: list[float], b: list[float], level: float = 0.95) -> dic
         dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     else:
         dof = len(a) - 1
-    half = stats.t.ppf(0.5 + level / 2, dof) * se if se > 0 else 0.0
+    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se if se > 0 else 0.0
     d = ma - mb
     return {"difference": d, "ci_low": d - half, "ci_high": d + half, "beats": d - half > 0}
 

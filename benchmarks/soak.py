@@ -55,8 +55,8 @@ def soak(minutes: float, envs: int, clients: int, fault_every: float, timeout_s:
     upstream = f"segment={server.url},image_zoom_in={server.url}"
     router = ServerProcess("router", ["--upstream", upstream, "--wait-s", "30", "--timeout-s", str(timeout_s)]).start()
     tools = {"segment": {"url": router.url, "timeout_s": timeout_s + 2, "retries": 2}, "image_zoom_in": "local"}
-    venv = gym.make_vec("MedVQA-v0", envs, backend="process", workers=envs, dataset="embedded", tools=tools,
-                        reward="rule", max_turns=2)
+    venv = gym.make_vec("MedVQA-v0", envs, backend="process", workers=envs, group_size=1, dataset="embedded",
+                        tools=tools, reward="rule", max_turns=2)  # one copy per worker process
     stats = collections.Counter()
     unexpected: list[str] = []
     samples: list[dict] = []

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_NAME = "smollm2-135m-instruct"
 
@@ -46,9 +46,18 @@ def smollm2_folder() -> Path:
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # accepted in a replayed history; rendered as text
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class ChatRequest(BaseModel):
+    """The request fields this server implements; any other (``tools``, ``logprobs``, ...) is
+    refused with HTTP 422 naming it, as OpenAI refuses what a model does not support -- not
+    silently ignored (SmolLM2's chat template has no tool calling)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)

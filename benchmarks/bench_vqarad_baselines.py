@@ -52,7 +52,7 @@ def baselines(root: str) -> list[tuple[str, str, list[str]]]:
 def smollm2_args(url: str, limit: int) -> list[str]:
     """SmolLM2 through the ``openai`` agent: text only, no tools, its own server as the judge."""
     return ["--agent", "openai", "--agent-opt", f"base_url={url}/v1", "--agent-opt", "max_tokens=32",
-            "--agent-opt", "send_tools=false", "--agent-opt", "api_key_env=null", "--tools", "none",
+            "--agent-opt", "tool_protocol=text", "--agent-opt", "temperature=0", "--agent-opt", "api_key_env=null", "--tools", "none",
             "--max-turns", "0", "--limit", str(limit), *judge_args(url)]
 
 

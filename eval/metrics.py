@@ -25,6 +25,7 @@ import numpy as np
 from eval.answers import diversity_by_answer_type
 from eval.scoring import OPEN_METRICS
 from eval.summary import MAX_FAILURES, EvalSummary, GroupSummary, MetricValue
+from eval.usage import token_usage
 
 SKIPPED_ERRORS = ("dataset_error",)  # no question could be asked: counted, but not scored
 
@@ -199,6 +200,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], k: int = 1, run: Mapping[str, A
         timing=timing,
         overall=summarize_group(rows, k, resamples, seed),
         answer_diversity=diversity_by_answer_type(r for r in rows if not r.get("error")),
+        usage=token_usage(rows),
     )
     for attr, key in (("by_dataset", "dataset"), ("by_answer_type", "answer_type"),
                       ("by_modality", "modality"), ("by_organ", "organ")):

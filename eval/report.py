@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from eval.summary import EvalSummary, GroupSummary, MetricValue
+from eval.usage import usage_lines
 
 MAX_LISTED = 50  # failed episodes listed in report.md / report.html
 
@@ -114,6 +115,7 @@ def _run_lines(summary: EvalSummary) -> list[str]:
              f"answer protocol `{run.get('answer_protocol')}`",
              f"- errors: {json.dumps(summary.errors_by_kind) if summary.errors_by_kind else 'none'}",
              f"- metrics available: {json.dumps(summary.metrics_available)}"]
+    lines += usage_lines(run, summary.usage)
     if t.get("episodes_per_s"):
         lines.append(f"- throughput (last invocation): {t['episodes_per_s']:.2f} episodes/s over {t.get('wall_s', 0):.1f} s")
     return lines

@@ -264,6 +264,8 @@ class Runner:
             "error": dict(error) if error else None,
             "judge": None,
         }
+        if ep.conversation is not None and ep.conversation.usage:  # tokens the agent reported (API agents)
+            row["usage"] = dict(ep.conversation.usage)
         if score.get("metrics_error"):
             row["metrics_error"] = score["metrics_error"]
         if score.get("references"):  # every accepted answer (VQA-Med's '#'): scored as the best of them
@@ -644,6 +646,11 @@ def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_di
     start = time.perf_counter()
     new_rows = runner.run()
     wall = time.perf_counter() - start
+    agent_usage = getattr(agent, "usage", None)
+    if callable(agent_usage):  # who answered (the model the server reported) and the tokens, as the agent counted
+        info["agent_usage"] = agent_usage()
+        if out_dir is not None:
+            (Path(out_dir) / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     if out_dir is not None:
         wanted = {episode_key(r.id, s) for r in runner.dataset for s in range(config.k)}
         rows = [r for r in load_results(Path(out_dir) / RESULTS_FILE) if r["key"] in wanted]

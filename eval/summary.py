@@ -118,6 +118,9 @@ class EvalSummary:
     """Per answer type (and ``all``): distinct answers, their entropy, the top answer's share
     (:mod:`eval.answers`): a constant answer shows here whatever its accuracy."""
     image_ablation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    """Token usage over the episodes whose agent reported it (API agents, :mod:`eval.usage`):
+    totals and the mean per episode; ``{}`` otherwise."""
     """Per ablation mode run beside this one (``--image-ablation``): each headline metric normal,
     ablated and the drop (:mod:`eval.ablation`)."""
 

@@ -31,6 +31,10 @@ class Conversation:
     images: list[Image.Image]
     info: dict[str, Any] = field(default_factory=dict)
     observation_style: str = "observation_tag"
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token usage of the agent's turns in this chat, for agents that know it (an API agent adds
+    each response's ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and ``requests``);
+    the evaluation harness writes it with the episode."""
 
     @classmethod
     def start(cls, obs: Mapping[str, Any], info: Mapping[str, Any], observation_style: str = "observation_tag") -> "Conversation":

@@ -94,17 +94,17 @@ class _Held:
     holders: set[str] = field(default_factory=set)
 
 
-_HELD: dict[tuple[str | None, str], _Held] = {}
+_HELD: dict[tuple[str, str | None, str], _Held] = {}  # (Ray session, namespace, name)
 _LOCK = threading.Lock()
 
 
-def _attach(key: tuple[str | None, str], holder: str, config: AdaptiveConfig, metrics: Sequence[str]) -> Any:
+def _attach(key: tuple[str, str | None, str], holder: str, config: AdaptiveConfig, metrics: Sequence[str]) -> Any:
     import ray
 
     with _LOCK:
         held = _HELD.get(key)
         if held is None:
-            namespace, name = key
+            _, namespace, name = key
             token = f"{os.getpid()}-{uuid.uuid4().hex}"
             actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(_ThresholdOwner)
             handle = actor_cls.options(name=name, namespace=namespace, get_if_exists=True).remote(
@@ -115,7 +115,7 @@ def _attach(key: tuple[str | None, str], holder: str, config: AdaptiveConfig, me
         return held.handle
 
 
-def _detach(key: tuple[str | None, str], holder: str) -> None:
+def _detach(key: tuple[str, str | None, str], holder: str) -> None:
     """Forget ``holder``; the last holder of an actor this process created kills it."""
     with _LOCK:
         held = _HELD.get(key)
@@ -138,7 +138,7 @@ def _detach(key: tuple[str | None, str], holder: str) -> None:
 def held_actor_names() -> list[str]:
     """Names of the threshold actors this process holds open (for tests and leak checks)."""
     with _LOCK:
-        return sorted(name for _, name in _HELD)
+        return sorted(name for _, _, name in _HELD)
 
 
 class RayThresholds:
@@ -164,8 +164,12 @@ class RayThresholds:
             self._handle()
 
     @property
-    def _key(self) -> tuple[str | None, str]:
-        return (self.namespace, self.name)
+    def _key(self) -> tuple[str, str | None, str]:
+        import ray
+
+        # the Ray session too: a handle held from an earlier ray.init() is dead in the next one
+        context = ray.get_runtime_context()
+        return (f"{context.get_node_id()}/{context.get_job_id()}", self.namespace, self.name)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._holder is not None and self._actor is None and _ray_up():
@@ -178,8 +182,10 @@ class RayThresholds:
         if not _ray_up():
             raise RuntimeError("threshold_store='ray' needs ray.init(...) before the first reward call")
         if self._holder is not None:
-            self._actor = _attach(self._key, self._holder, self.config, self.metrics)
-            self._finalizer = weakref.finalize(self, _detach, self._key, self._holder)
+            key = self._key
+            self._actor = _attach(key, self._holder, self.config, self.metrics)
+            if self._finalizer is None:  # collected without close(): let go all the same
+                self._finalizer = weakref.finalize(self, _detach, key, self._holder)
             return self._actor
         import ray
 

@@ -162,3 +162,15 @@ def test_a_holder_dropped_without_close_lets_go_and_shared_names_wait_for_the_la
     second.close()
     assert shared not in held_actor_names()
 
+
+
+def test_a_name_held_in_an_earlier_ray_session_starts_fresh_in_the_next(ray_session):
+    name = f"run-{uuid.uuid4().hex}"
+    earlier = RayThresholds(AdaptiveConfig(delta_max=0.05), name=name)
+    earlier.observe({"cosine": [0.9]})
+    ray.shutdown()                                                      # the holder was never closed
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    later = RayThresholds(AdaptiveConfig(delta_max=0.05), name=name)   # same name, new cluster
+    assert later.state_dict()["pending"]["cosine"] == []               # a live actor, not the old handle
+    later.close()
+    earlier.close()

@@ -122,6 +122,17 @@ def seeds_of(args: Args) -> list[int]:
     return [int(s) for s in str(args.seeds).split(",") if s.strip()]
 
 
+def baselines_of(args: Args) -> list[str]:
+    """The baselines asked for (checked against the known ones)."""
+    names = [b.strip() for b in str(args.baselines).split(",") if b.strip()]
+    unknown = [b for b in names if b not in TRAINED_BASELINES + ANSWER_BASELINES]
+    if unknown:
+        from medvqa_env.errors import ConfigError
+
+        raise ConfigError(f"unknown baseline(s) {unknown}; expected some of {list(TRAINED_BASELINES + ANSWER_BASELINES)}")
+    return names
+
+
 def metric_key(answer_types: str) -> str:
     """The held-out metric a setting is judged on: ARMed Avg for OPEN only, else accuracy.
 
@@ -342,7 +353,7 @@ def report(args: Args, out: Path) -> dict[str, Any]:
     warm = json.loads((out / "warm_start.json").read_text())
     warm_test = json.loads((out / "warm_test" / "eval.json").read_text())["metrics"]
     rows: dict[str, Any] = {}
-    for name in ("grpo", *[b for b in TRAINED_BASELINES if b in args.baselines]):
+    for name in ("grpo", *[b for b in TRAINED_BASELINES if b in baselines_of(args)]):
         per_seed = {}
         for seed in seeds_of(args):
             folder = out / f"{name}_s{seed}"
@@ -410,15 +421,18 @@ def main(args: Args) -> int:
     if len(seeds_of(args)) < 5:
         print(f"[protocol] warning: {len(seeds_of(args))} seeds; a learning claim needs at least 5", flush=True)
     (out / "protocol_args.json").write_text(json.dumps(asdict(args), indent=1) + "\n")
-    choice = warm_start(args, out) if "warm" in stages else json.loads((out / "warm_start.json").read_text())
+    baselines = baselines_of(args)
+    needs_warm = "grpo" in stages or ("baselines" in stages and "more_sft" in baselines)
+    choice = warm_start(args, out) if "warm" in stages else (
+        json.loads((out / "warm_start.json").read_text()) if needs_warm else {})
     if "grpo" in stages:
         grpo_runs(args, out, choice["checkpoint"])
     if "baselines" in stages:
         for name in TRAINED_BASELINES:
-            if name in args.baselines:
+            if name in baselines:
                 for seed in seeds_of(args):
-                    sft_baseline(args, out, name, seed, choice["checkpoint"])
-        if any(b in args.baselines for b in ANSWER_BASELINES):
+                    sft_baseline(args, out, name, seed, choice.get("checkpoint", ""))
+        if any(b in baselines for b in ANSWER_BASELINES):
             answer_baselines(args, out)
     if "report" in stages:
         result = report(args, out)

@@ -43,6 +43,11 @@ def _tools(argv):
     return main(argv)
 
 
+def _finetune(argv):
+    from tool_backends.finetune.__main__ import main
+    return main(argv)
+
+
 # command, prog, argv prefix, a bad value for one of its flags
 COMMANDS = [
     (_grpo, "python -m train.grpo", [], ["--resume", "ture"]),
@@ -51,6 +56,7 @@ COMMANDS = [
     (_eval, "medvqa-eval", ["--agent", "scripted", "--dataset", "embedded", "--out", "x"], ["--progress", "ture"]),
     (_compare, "python -m eval.compare", ["a"], ["--rank", "ture"]),
     (_tools, "medvqa-tools serve", ["serve"], ["--done-if-invalid", "ture"]),
+    (_finetune, "python -m tool_backends.finetune ground", ["ground"], ["--steps", "many"]),
 ]
 
 

@@ -1,7 +1,13 @@
 """``ground``: open-vocabulary detection from a text prompt (the seed's GroundingDINO-med server).
 
 Engines: ``classical`` (bright/dark blobs), ``oracle`` (annotated boxes), ``owlvit`` and
-``grounding_dino`` via transformers, ``groundingdino`` (the original package, in its own venv).
+``grounding_dino`` via transformers, ``groundingdino`` (the original package, in its own venv),
+``centernet`` (a grounder trained by ``python -m tool_backends.finetune ground``) and ``trained``
+(the same, trained on first use and cached).
+
+An engine may say how it used the query (``query_note(text) -> (sentence, data)``: the classical
+engine reads only bright/dark, a trained one the labels it knows) and may recommend a default
+score threshold (``default_threshold``, e.g. one chosen on validation data); the tool passes both on.
 """
 
 from __future__ import annotations
@@ -38,14 +44,20 @@ def clean_boxes(boxes: Sequence[dict[str, Any]], size: tuple[int, int]) -> list[
     return out
 
 
+DEFAULT_THRESHOLD = 0.1
+
+
 class GroundTool(Tool):
     """Find regions of image ``image_index`` matching a text prompt; boxes with scores."""
 
-    def __init__(self, engine: str = "classical", default_threshold: float = 0.1, max_boxes: int = 5,
+    def __init__(self, engine: str = "classical", default_threshold: float | None = None, max_boxes: int = 5,
                  max_side: int = 4096, box_convention: str = "pixels", name: str = "ground",
                  **engine_options: Any) -> None:
         self.engine_name = engine
         self.engine = build_engine("ground", engine, **engine_options)
+        if default_threshold is None:  # the engine's own (chosen on validation data), else 0.1
+            default_threshold = getattr(self.engine, "default_threshold", None)
+            default_threshold = DEFAULT_THRESHOLD if default_threshold is None else default_threshold
         self.max_boxes = int(max_boxes)
         self.max_side = int(max_side)
         self.spec = ToolSpec(
@@ -80,8 +92,11 @@ class GroundTool(Tool):
         boxes = clean_boxes(raw, image.size)
         boxes = [b for b in boxes if b["score"] >= arguments["threshold"]][: arguments["max_boxes"]]
         note = random_weights_note(self.engine, self.engine_name)
-        data = {"image_index": source, "engine": self.engine_name, "query": text, "boxes": boxes,
+        query_note = getattr(self.engine, "query_note", None)
+        how, how_data = query_note(text) if query_note else ("", {})
+        data = {"image_index": source, "engine": self.engine_name, "query": text, **how_data, "boxes": boxes,
                 "random_weights": bool(note)}
+        note = how + note
         if not boxes:
             return ToolResult(text=f"Found nothing matching {text!r} in image {source}.{note}", data=data)
         data["image_recipe"] = "boxes"

@@ -95,6 +95,10 @@ def test_ground(toolboxes, backend, scene):
     assert box_iou(r.data["boxes"][0]["bbox"], scene.disc_box) > 0.5
     dark = call(toolboxes, backend, "classical", scene, "ground", {"text": "dark cyst"})
     assert any(box_iou(b["bbox"], [100, 40, 130, 70]) > 0.5 for b in dark.data["boxes"])
+    # the classical engine reads only bright/dark, and says so (text and data), found or not
+    assert "ignores the query's words except bright/dark: it returned bright regions" in r.text
+    assert "whatever 'bright nodule' names" in r.text and r.data["query_used"] == "polarity only"
+    assert dark.data["polarity"] == "dark" and r.data["polarity"] == "bright"
     o = call(toolboxes, backend, "oracle", scene, "ground", {"text": "nodules"})
     assert [b["bbox"] for b in o.data["boxes"]] == [[36.0, 46.0, 65.0, 75.0]] and o.data["boxes"][0]["score"] == 1.0
     none = call(toolboxes, backend, "oracle", scene, "ground", {"text": "kidney"})

@@ -4,11 +4,11 @@ Each tool kind has one small engine interface (``segment``, ``detect``, ``classi
 and a table of engines, imported only when built so that listing tools never loads torch.
 
 >>> sorted(ENGINES["segment"])
-['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'transformers']
+['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']
 >>> build_engine("segment", "sma")
 Traceback (most recent call last):
 ...
-medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'transformers']. Did you mean 'sam'?
+medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']. Did you mean 'sam'?
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ _TABLES: dict[str, dict[str, str]] = {
         "medsam2": "tool_backends.engines.hf_sam2:Sam2Segmenter",
         "sam3": "tool_backends.engines.hf_sam2:Sam3TrackerSegmenter",
         "medsam3": "tool_backends.engines.hf_sam2:Sam3TrackerSegmenter",
+        "trained": "tool_backends.engines.trained:trained_segmenter",
     },
     "segment_text": {
         "classical": "tool_backends.engines.classical:BlobTextSegmenter",
@@ -45,6 +46,8 @@ _TABLES: dict[str, dict[str, str]] = {
         "transformers": "tool_backends.engines.hf_detect:OwlViTGrounder",
         "grounding_dino": "tool_backends.engines.hf_detect:GroundingDinoGrounder",
         "groundingdino": "tool_backends.engines.adapters:GroundingDinoPackageGrounder",
+        "centernet": "tool_backends.engines.centernet:CenterNetGrounder",
+        "trained": "tool_backends.engines.trained:trained_grounder",
     },
     "classify": {
         "clip": "tool_backends.engines.hf_clip:ClipClassifier",
@@ -52,6 +55,7 @@ _TABLES: dict[str, dict[str, str]] = {
         "siglip": "tool_backends.engines.hf_clip:SiglipClassifier",
         "open_clip": "tool_backends.engines.adapters:OpenClipClassifier",
         "oracle": "tool_backends.engines.oracle:OracleClassifier",
+        "trained": "tool_backends.engines.trained:trained_classifier",
     },
     "hires": {
         "classical": "tool_backends.engines.classical:LanczosSharpen",

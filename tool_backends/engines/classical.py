@@ -118,7 +118,8 @@ class BlobTextSegmenter:
 class BlobGrounder:
     """Bright (or, when the text asks for dark/hypodense/air/cyst..., dark) blobs that differ from
     their neighbourhood: a top-hat transform, Otsu on it, connected components filtered by area,
-    scored by their contrast. The text only chooses the polarity: this engine reads no semantics."""
+    scored by their contrast. The text only chooses the polarity: this engine reads no semantics,
+    and :meth:`query_note` says so in every answer."""
 
     def __init__(self, radius_fraction: float = 0.15, min_area_fraction: float = 0.0005,
                  max_area_fraction: float = 0.25, work_side: int = 256) -> None:
@@ -126,6 +127,18 @@ class BlobGrounder:
         self.min_area_fraction = float(min_area_fraction)
         self.max_area_fraction = float(max_area_fraction)
         self.work_side = int(work_side)
+
+    @staticmethod
+    def query_note(text: str) -> tuple[str, dict[str, Any]]:
+        """The tool's sentence (and ``data``) on how the query was used: for polarity only.
+
+        >>> BlobGrounder.query_note("spleen lesion")[1]
+        {'query_used': 'polarity only', 'polarity': 'bright'}
+        """
+        polarity = "dark" if DARK_WORDS.search(text or "") else "bright"
+        return (f" This engine ignores the query's words except bright/dark: it returned {polarity} regions that "
+                f"stand out from their surroundings, whatever {text!r} names.",
+                {"query_used": "polarity only", "polarity": polarity})
 
     def detect(self, image: Image.Image, *, text: str, context: ToolContext | None = None,
                image_index: int = 0, threshold: float = 0.0, max_boxes: int = 5) -> list[dict[str, Any]]:

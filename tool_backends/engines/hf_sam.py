@@ -13,7 +13,7 @@ from tool_backends.base import ToolContext
 from tool_backends.engines.hf_common import TINY, TorchEngine, build_tiny
 
 
-def tiny_sam():
+def tiny_sam(seed: int = 0):
     from transformers import SamConfig, SamImageProcessorPil, SamModel
 
     config = SamConfig(
@@ -26,7 +26,7 @@ def tiny_sam():
                                  iou_head_hidden_dim=32),
         initializer_range=0.02)
     processor = SamImageProcessorPil(size={"longest_edge": 256}, pad_size={"height": 256, "width": 256})
-    return build_tiny(lambda: SamModel(config)), processor
+    return build_tiny(lambda: SamModel(config), seed), processor
 
 
 class SamSegmenter(TorchEngine):

@@ -1,0 +1,175 @@
+"""Train SAM (transformers ``SamModel``) on a dataset's masks from box prompts
+(``python -m tool_backends.finetune segment``); the folder loads with engine ``sam``.
+
+The network is the tiny SAM config of :mod:`tool_backends.engines.hf_sam` (256-pixel input),
+trained from its random initialisation. Each step takes ``batch_size`` images and
+``PROMPTS_PER_IMAGE`` of each image's masks; the prompt is the mask's box, each side moved by up
+to a tenth of the box's size (SAM's box noise), and the loss is binary cross-entropy plus Dice
+on the mask upsampled to the input size the way the processor's post-processing does. Masks are
+taken from the annotations' mask files (image-level labels and boxes are not used).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from medvqa_env.errors import DatasetError
+from tool_backends.finetune.common import FinetuneArgs, one_cycle, provenance, training_run, validation_images, write_info
+from tool_backends.finetune.data import annotated_images, label_counts
+from tool_backends.finetune.quality import dice
+
+log = logging.getLogger(__name__)
+
+RECIPE = {"steps": 300, "lr": 2e-3}
+PROMPTS_PER_IMAGE = 4
+BOX_NOISE = 0.1
+
+
+def load_examples(images, processor) -> tuple[np.ndarray, list[list[tuple[str, np.ndarray, tuple[float, ...]]]]]:
+    """Pixel values (float16, N x 3 x S x S, the processor's) and per image its masks as
+    (label, bool mask in the processor's padded frame, box in that frame)."""
+    from PIL import Image
+
+    from medvqa_env.images import load_image
+    from tool_backends.masks import load_mask, mask_bbox
+
+    pixels, masks = [], []
+    for item in images:
+        image = load_image(item.path).convert("RGB")
+        inputs = processor(images=image, return_tensors="np")
+        pv = inputs["pixel_values"][0]
+        rh, rw = (int(v) for v in inputs["reshaped_input_sizes"][0])
+        entries = []
+        for label, path in item.masks:
+            try:
+                m = load_mask(path, image.size)
+            except OSError:
+                continue
+            small = np.asarray(Image.fromarray(m.astype(np.uint8) * 255).resize((rw, rh), Image.Resampling.NEAREST)) > 0
+            frame = np.zeros(pv.shape[1:], bool)
+            frame[:rh, :rw] = small
+            box = mask_bbox(frame)
+            if box:
+                entries.append((label, frame, tuple(float(v) for v in box)))
+        if entries:
+            pixels.append(pv.astype(np.float16))
+            masks.append(entries)
+    if not pixels:
+        raise DatasetError("no readable masks to train segment on")
+    return np.stack(pixels), masks
+
+
+def jitter(box: tuple[float, ...], rng: np.random.Generator, size: int) -> list[float]:
+    """The box with each side moved by up to ``BOX_NOISE`` of the box's width/height, clipped."""
+    x0, y0, x1, y1 = box
+    w, h = x1 - x0, y1 - y0
+    d = rng.uniform(-BOX_NOISE, BOX_NOISE, 4) * np.array([w, h, w, h])
+    out = [x0 + d[0], y0 + d[1], x1 + d[2], y1 + d[3]]
+    out = [min(max(v, 0.0), float(size)) for v in out]
+    if out[2] - out[0] < 1 or out[3] - out[1] < 1:
+        return [float(v) for v in box]
+    return out
+
+
+def mask_loss(logits, target):
+    """Mean over masks of binary cross-entropy plus (1 - soft Dice); (M, H, W) each."""
+    import torch
+    from torch.nn import functional as F
+
+    bce = F.binary_cross_entropy_with_logits(logits, target, reduction="none").mean((1, 2))
+    p = logits.sigmoid()
+    inter = (p * target).sum((1, 2))
+    soft_dice = (2 * inter + 1) / (p.sum((1, 2)) + target.sum((1, 2)) + 1)
+    return (bce + 1 - soft_dice).mean() + torch.zeros(())
+
+
+def predict_masks(model, pixels, boxes, size: int, device: str):
+    """Logits at the input size for ``boxes`` (B, K, 4) on ``pixels`` (B, 3, S, S)."""
+    from torch.nn import functional as F
+
+    out = model(pixel_values=pixels.to(device), input_boxes=boxes.to(device), multimask_output=False)
+    low = out.pred_masks[:, :, 0]  # (B, K, h, w)
+    b, k = low.shape[:2]
+    return F.interpolate(low.reshape(b * k, 1, *low.shape[2:]), size=(size, size), mode="bilinear",
+                         align_corners=False).reshape(b, k, size, size)
+
+
+def validate(model, pixels: np.ndarray, masks: list, device: str) -> dict[str, Any]:
+    """Dice of every validation mask from its exact box, per label and overall."""
+    import torch
+
+    size = pixels.shape[-1]
+    per_label: dict[str, list[float]] = {}
+    model.eval()
+    with torch.no_grad():
+        for i, entries in enumerate(masks):
+            boxes = torch.tensor([[list(box) for _, _, box in entries]], dtype=torch.float32)
+            logits = predict_masks(model, torch.from_numpy(pixels[i:i + 1].astype(np.float32)), boxes, size, device)[0]
+            for (label, gold, _), pred in zip(entries, (logits > 0).cpu().numpy()):
+                per_label.setdefault(label, []).append(dice(pred, gold))
+    scores = [v for vals in per_label.values() for v in vals]
+    return {"mean_dice": round(float(np.mean(scores)), 4) if scores else None, "n_masks": len(scores),
+            "n_images": len(masks),
+            "per_label": {lab: {"dice": round(float(np.mean(v)), 4), "n": len(v)} for lab, v in sorted(per_label.items())}}
+
+
+def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
+    """Train, report validation Dice, save model + processor to ``out``; the provenance dict."""
+    import torch
+
+    from medvqa_env.config import parse_options
+    from tool_backends.engines.hf_sam import tiny_sam
+
+    steps = int(args.steps if args.steps is not None else RECIPE["steps"])
+    lr = float(args.lr if args.lr is not None else RECIPE["lr"])
+    images = annotated_images(args.dataset, args.split, parse_options(args.dataset_opt, "--dataset-opt"),
+                              limit=args.max_images)
+    images = [im for im in images if im.masks]
+    if not images:
+        raise DatasetError(f"{args.dataset!r} split {args.split!r}: no masks to train segment on")
+    images, val_images, val_from = validation_images(args, images)
+    val_images = [im for im in val_images if im.masks]
+    with training_run(args.seed, args.torch_threads) as clock:
+        model, processor = tiny_sam(args.seed)
+        pixels, masks = load_examples(images, processor)
+        size = pixels.shape[-1]
+        counts = label_counts([[label for label, _, _ in entries] for entries in masks])
+        rng = np.random.default_rng(args.seed)
+        model.to(args.device).train()
+        opt, sched = one_cycle(model.parameters(), lr, steps)
+        log.info("segment: training on %d images (%d masks) of %s/%s, %d steps", len(masks),
+                 sum(counts.values()), args.dataset, args.split, steps)
+        for step in range(steps):
+            idx = rng.integers(len(masks), size=min(args.batch_size, len(masks)))
+            boxes, gold = [], []
+            for i in idx:
+                picks = rng.integers(len(masks[i]), size=PROMPTS_PER_IMAGE)
+                boxes.append([jitter(masks[i][k][2], rng, size) for k in picks])
+                gold.append(np.stack([masks[i][k][1] for k in picks]))
+            logits = predict_masks(model, torch.from_numpy(pixels[idx].astype(np.float32)),
+                                   torch.tensor(boxes, dtype=torch.float32), size, args.device)
+            target = torch.from_numpy(np.stack(gold).astype(np.float32)).to(args.device)
+            loss = mask_loss(logits.flatten(0, 1), target.flatten(0, 1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            sched.step()
+            if step % 50 == 0 or step == steps - 1:
+                log.info("segment: step %d/%d loss %.4f", step + 1, steps, float(loss.detach()))
+        model.eval()
+    if val_images:
+        val_pixels, val_masks = load_examples(val_images, processor)
+        validation = validate(model, val_pixels, val_masks, args.device)
+    else:
+        validation = {"note": "no validation images"}
+    validation["source"] = val_from
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    info = provenance("segment", "sam", args, steps=steps, lr=lr, n_images=len(masks), labels=sorted(counts),
+                      label_counts=counts, clock=clock, validation=validation, prompts="boxes (SAM box noise 10%)")
+    write_info(out, info)
+    return info

@@ -3,9 +3,11 @@
 ``trained_folder("ground")`` returns the folder of a grounder trained on the embedded train
 split, training it first if no process has yet. Cache: ``$MEDVQA_CACHE/tools``, else
 ``~/.cache/medvqa-gym/tools``; one folder per (tool, dataset, split, options, steps, seed,
-recipe version), named by a hash of them. A build holds an exclusive lock file (processes that
-race on the same folder wait for the first and then load its result), trains under a temporary
-name and renames the finished folder into place, so a folder that exists is complete.
+recipe version), named by a hash of them. A build trains on one torch thread (the same weights
+whatever the machine's core count; the other cores stay with the processes waiting for it),
+holds an exclusive lock file (processes that race on the same folder wait for the first and then
+load its result), trains under a temporary name and renames the finished folder into place, so a
+folder that exists is complete.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def trained_folder(kind: str, dataset: str = "embedded", split: str = "train",
                     "minutes)", kind, folder, dataset, split)
         t0 = time.perf_counter()
         args = FinetuneArgs(out=str(folder), dataset=dataset, split=split, dataset_opt=dataset_options,  # type: ignore[arg-type]
-                            val_opt=val_options, steps=steps, seed=seed, device=device)  # type: ignore[arg-type]
+                            val_opt=val_options, steps=steps, seed=seed, device=device,  # type: ignore[arg-type]
+                            torch_threads=1)
         info = finetune(kind, args)
         log.warning("trained %s tool: trained in %.0f s (%.0f CPU s), cached at %s", kind, time.perf_counter() - t0,
                     info.get("train_cpu_seconds") or 0.0, folder)

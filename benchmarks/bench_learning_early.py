@@ -18,7 +18,7 @@ than ``LEARNED_BY`` above its start. The runs' CPU seconds were not logged, so n
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import statistics
 from pathlib import Path
 
@@ -161,7 +161,7 @@ def table(figures: dict, exp: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="print the figures, keep nothing (run_all's smoke run)")
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
     args = ap.parse_args(argv)

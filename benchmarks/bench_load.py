@@ -19,7 +19,7 @@ Each target runs for a fixed time after a warm-up. Reported: calls/s, p50/p99 la
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import random
 import signal
@@ -322,7 +322,7 @@ def to_markdown(results: list[LoadResult], memory: dict, command: str, clients: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="4 clients, 2 s per target")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per target")

@@ -25,7 +25,7 @@ times the phases of both scorers on the all-distinct workload.
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import random
 import statistics
@@ -232,7 +232,7 @@ def armed_phases(reward: ARMedReward, data) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small run (smoke test)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads for every scorer (default 1: on a shared 2-core machine two "

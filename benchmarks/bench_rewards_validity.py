@@ -11,7 +11,7 @@ results); ``--quick`` uses 60 answers and keeps nothing.
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import sys
 from pathlib import Path
@@ -25,7 +25,7 @@ from rewards.validity import SCORERS, describe, measure, table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "vqa_rad"))
     ap.add_argument("--negatives", type=int, default=3)

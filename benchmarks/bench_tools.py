@@ -9,7 +9,7 @@ Goals: remote overhead on loopback < 3 ms per call over in-process; an 8-copy gr
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import statistics
 import subprocess
@@ -216,7 +216,7 @@ def grpo_group(image, url_cached: str, n: int = 8) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--vqa-rad", default=str(REPO.parent / "shared" / "data" / "vqa_rad"))
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "

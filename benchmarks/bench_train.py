@@ -24,7 +24,7 @@ configurations run the same trainer code (``train.rollout.collect_rollouts``,
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import os
 import sys
 import time
@@ -142,7 +142,7 @@ def run_configs(names, args: Args, model, encoder, reference, steps: int, thread
 
 
 def main(argv=None) -> str:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny VLM, 1 step per config")
     p.add_argument("--policy", default=None, help="default: tiny-qwen2-vl (quick) or smollm2")
     p.add_argument("--steps", type=int, default=None, help="timed steps per configuration after one warm-up (default 2)")

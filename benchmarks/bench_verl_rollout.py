@@ -20,7 +20,7 @@ nothing about vLLM on a GPU; the env and tokenization figures carry over.
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import asyncio
 import os
 import sys
@@ -102,7 +102,7 @@ def agent_episodes(make_loop, ids, concurrent: bool):
 
 
 def main(argv: list[str] | None = None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="4 episodes instead of 16")
     ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results; "
                     "none with --quick)")

@@ -16,7 +16,7 @@ Without VQA-RAD under ``--root`` (``qa.jsonl``) it says so and exits 1, writing 
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import json
 import os
 import subprocess
@@ -106,7 +106,7 @@ def run_figures(slug: str, summary) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=DEFAULT_ROOT, help="VQA-RAD folder (qa.jsonl, images/)")
     ap.add_argument("--no-smollm2", action="store_true", help="leave out the SmolLM2 rows (no model server)")
     ap.add_argument("--quick", action="store_true", help="first 20 questions, SmolLM2 on 2; print, write nothing")

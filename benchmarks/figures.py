@@ -31,7 +31,7 @@ docs/*.md and benchmarks/README.md from the results; ``--check`` only reports di
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import datetime as dt
 import json
 import math
@@ -259,7 +259,7 @@ def missing_paths(files: Iterable[Path] | None = None, root: Path = ROOT) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="report stale figures, change nothing (exit 1 if any)")
     args = ap.parse_args(argv)
     if args.check:

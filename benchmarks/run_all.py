@@ -3,27 +3,30 @@
 Each ``bench_<topic>.py`` measures something side by side with a baseline in the same run and
 keeps its section and named figures in ``benchmarks/results/<topic>.{md,json}``
 (:mod:`benchmarks.figures`). This script runs the chosen benchmarks (all by default, one after
-another), then assembles ``BENCHMARKS.md`` from *every* results file (a goal table first, then each
-section with the date it was measured), and rewrites the ``<!-- fig ... -->`` markers in README.md,
-RELIABILITY.md and docs/. A benchmark that fails is reported as failed in ``BENCHMARKS.md``; its
+another), then assembles ``--out`` (``BENCHMARKS.md``) from *every* results file (a goal table
+first, then each section with the date it was measured); with ``--write-docs`` it also rewrites the
+``<!-- fig ... -->`` markers in README.md, RELIABILITY.md and docs/ (only then: the repository's
+docs change only when asked). A benchmark that fails is reported as failed in ``--out``; its
 previous results stay.
 
-    python benchmarks/run_all.py [--only env,tools] [--timeout 1800]   # measure, then rebuild
-    python benchmarks/run_all.py --docs-only                           # rebuild from the results
+    python benchmarks/run_all.py [--only env,tools] [--timeout 1800]   # measure, then rebuild BENCHMARKS.md
+    python benchmarks/run_all.py --only env --write-docs               # ... and the docs' figures
+    python benchmarks/run_all.py --docs-only                           # measure nothing: BENCHMARKS.md + docs
     python benchmarks/run_all.py --quick                               # smoke run: nothing is written
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(ROOT))  # the project (medvqa_env.cli) when run as a script
 
 from figures import RESULTS, format_figure, load_figures, machine, update_docs  # noqa: E402
 
@@ -127,38 +130,61 @@ def assemble(failures: dict[str, str], out: Path) -> None:
     out.write_text("\n".join(header + body).rstrip("\n") + "\n")
 
 
+@dataclass
+class Args:
+    """Run the benchmarks and rebuild BENCHMARKS.md (and, when asked, the docs' figures)."""
+
+    only: str = ""
+    """comma-separated topics (default: all)"""
+    quick: bool = False
+    """short smoke runs; print them, write nothing"""
+    docs_only: bool = False
+    """measure nothing: rebuild --out and the docs' figures from the results"""
+    write_docs: bool = False
+    """also rewrite the figure markers in README.md, RELIABILITY.md and docs/"""
+    timeout: int = 1800
+    """seconds per benchmark"""
+    out: str = str(ROOT / "BENCHMARKS.md")
+    """the assembled benchmark page"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short smoke runs; print them, write nothing")
-    ap.add_argument("--only", default="", help="comma-separated topics (default: all)")
-    ap.add_argument("--docs-only", action="store_true", help="measure nothing: rebuild BENCHMARKS.md and the docs")
-    ap.add_argument("--timeout", type=int, default=1800, help="seconds per benchmark")
-    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
-    args = ap.parse_args(argv)
-    topics = discover()
-    if args.only:
-        wanted = [t.strip() for t in args.only.split(",") if t.strip()]
-        unknown = sorted(set(wanted) - set(topics))
-        if unknown:
-            print(f"Unknown benchmark(s) {unknown}; choose from {topics}", file=sys.stderr)
-            return 2
-        topics = [t for t in topics if t in wanted]
-    failures: dict[str, str] = {}
-    if not args.docs_only:
-        for topic in topics:
-            print(f"[run_all] {topic} ...", file=sys.stderr, flush=True)
-            problem = run_one(topic, args.quick, args.timeout)
-            if problem:
-                failures[topic] = problem
-                print(f"[run_all] {topic} failed: {problem}", file=sys.stderr)
-    if args.quick:
-        return 1 if failures else 0
-    assemble(failures, Path(args.out))
-    problems = update_docs()
-    print(f"[run_all] wrote {args.out}; docs regenerated" + (f"; problems: {problems}" if problems else ""),
-          file=sys.stderr)
-    return 1 if failures or problems else 0
+    """Exit 0 when every chosen benchmark ran (and the docs, if written, had no problem), 1 when
+    one failed, 2 for a user error (``python benchmarks/run_all.py: error: ...``)."""
+    from medvqa_env.cli import parse_dataclass, run_cli
+    from medvqa_env.errors import ConfigError, unknown_name_message
+
+    prog = "python benchmarks/run_all.py"
+    args = parse_dataclass(Args, argv, prog=prog, description=__doc__.split("\n\n")[0])
+
+    def run() -> int:
+        topics = discover()
+        if args.only:
+            wanted = [t.strip() for t in args.only.split(",") if t.strip()]
+            for name in wanted:
+                if name not in topics:
+                    raise ConfigError(unknown_name_message("benchmark", name, topics))
+            topics = [t for t in topics if t in wanted]
+        if args.quick and (args.docs_only or args.write_docs):
+            raise ConfigError("expected --quick (writes nothing) or --docs-only/--write-docs, got both")
+        failures: dict[str, str] = {}
+        if not args.docs_only:
+            for topic in topics:
+                print(f"[run_all] {topic} ...", file=sys.stderr, flush=True)
+                problem = run_one(topic, args.quick, args.timeout)
+                if problem:
+                    failures[topic] = problem
+                    print(f"[run_all] {topic} failed: {problem}", file=sys.stderr)
+        if args.quick:
+            return 1 if failures else 0
+        assemble(failures, Path(args.out))
+        problems = update_docs() if (args.write_docs or args.docs_only) else None
+        print(f"[run_all] wrote {args.out}" + ("; docs regenerated" if problems is not None else
+                                              "; docs left as they are (--write-docs rewrites their figures)")
+              + (f"; problems: {problems}" if problems else ""), file=sys.stderr)
+        return 1 if failures or problems else 0
+
+    return run_cli(prog, run)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ The baseline is the first fault-free period of the same run.
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import collections
 import json
 import random
@@ -176,7 +176,7 @@ def to_markdown(result: dict, command: str, minutes: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 minute, 10 s periods")
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--envs", type=int, default=4)

@@ -14,9 +14,9 @@ The figures are baselines on synthetic phantoms, not medical claims.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
@@ -83,13 +83,30 @@ def evaluate_baselines(out: Path, limit: int | None = None, workers: int = 2) ->
     return runs
 
 
+@dataclass
+class Args:
+    """The demo: one probe episode with tools, then the baselines evaluated."""
+
+    out: str = "outputs/demo"
+    """folder for the picture and the reports"""
+    limit: int | None = None
+    """questions per baseline (default: the whole test split)"""
+    workers: int = 2
+    """env worker processes for the evaluation"""
+    index: int = 0
+    """which test question the probe episode uses"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="outputs/demo", help="folder for the picture and the reports")
-    ap.add_argument("--limit", type=int, default=None, help="questions per baseline (default: the whole test split)")
-    ap.add_argument("--workers", type=int, default=2, help="env worker processes for the evaluation")
-    ap.add_argument("--index", type=int, default=0, help="which test question the probe episode uses")
-    args = ap.parse_args(argv)
+    """``medvqa-demo`` / ``python -m eval.demo``; user errors are ``medvqa-demo: error: ...`` (exit 2)."""
+    from medvqa_env.cli import parse_dataclass, run_cli
+
+    prog = "medvqa-demo"
+    args = parse_dataclass(Args, argv, prog=prog, description=__doc__)
+    return run_cli(prog, lambda: _demo(args))
+
+
+def _demo(args: Args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

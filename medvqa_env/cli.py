@@ -1,13 +1,20 @@
 """One command-line style for every console command of the project.
 
-``train.grpo``, ``train.sft``, ``train.ppo_sb3``, ``eval.run``, ``eval.compare`` and ``medvqa-tools``
-all build their parser here, from a config dataclass whose field docstrings are the help:
+Every entry point (``medvqa-eval``, ``medvqa-tools``, ``medvqa-demo``, ``train.grpo``, ``train.sft``,
+``train.ppo_sb3``, ``train.plot_curves``, ``eval.compare``, ``agents.openai_server``,
+``benchmarks/run_all.py`` ...) builds its parser here (:func:`make_parser`), most from a config
+dataclass whose field docstrings are the help:
 
 * flags are shown kebab-case (``--save-every``) and accepted snake_case too (``--save_every``);
 * booleans are strict: ``--resume``, ``--resume true``, ``--resume false`` or ``--no-resume``;
   ``--resume ture`` is an error, never a silent ``False``;
 * ``--help`` shows every default; ``none`` is accepted for optional numbers and strings;
 * ``key=value`` option lists (``--dataset-opt root=...``) repeat: every occurrence counts;
+* no abbreviations (``--polic`` is not ``--policy``): a misspelt or shortened flag is an error
+  that names the flag it may have meant (``did you mean --policy?``), in the sub-command's own
+  usage for a sub-command;
+* one name per concept across commands: ``--lr``, ``--split``, ``--tool-opt``, ``--device``,
+  ``--out`` ...
 * a user error prints ``prog: error: ...`` and exits 2, whether argparse or the program found it
   (:func:`run_cli` turns :class:`~medvqa_env.errors.MedVQAError` into that line, not a traceback).
 
@@ -135,18 +142,75 @@ def cli_view(cls: type, overrides: Mapping[str, Any] | None = None, exclude: Seq
 
 
 def make_parser(prog: str, description: str | None = None, epilog: str | None = None) -> argparse.ArgumentParser:
-    """The project's parser: simple-parsing's, both dash spellings, defaults in ``--help``."""
+    """The project's parser: simple-parsing's, both dash spellings, defaults in ``--help``, no
+    abbreviations, and ``did you mean --x?`` for a flag it does not know (sub-commands added with
+    ``add_subparsers().add_parser`` are the same kind of parser)."""
     import simple_parsing as sp
 
     class Parser(sp.ArgumentParser):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["allow_abbrev"] = False
+            kwargs.setdefault("formatter_class", _HelpFormatter)
+            kwargs.setdefault("add_option_string_dash_variants", sp.DashVariant.UNDERSCORE_AND_DASH)
+            kwargs.setdefault("add_config_path_arg", False)
+            super().__init__(*args, **kwargs)
+
         def _preprocessing(self, *args: Any, **kwargs: Any) -> None:
             super()._preprocessing(*args, **kwargs)
             for action in self._actions:  # show --save-every before --save_every, always
                 action.option_strings.sort(key=lambda o: (len(o), "_" in o))
 
-    return Parser(prog=prog, description=description, epilog=epilog,
-                  add_option_string_dash_variants=sp.DashVariant.UNDERSCORE_AND_DASH,
-                  add_config_path_arg=False, formatter_class=_HelpFormatter)
+        def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+            ns, extra = self.parse_known_args(args, namespace)
+            if extra:
+                parser = _chosen_subparser(self, ns) or self
+                parser.error(unknown_arguments_message(parser, extra))
+            return ns
+
+    return Parser(prog=prog, description=description, epilog=epilog)
+
+
+def ArgumentParser(prog: str | None = None, description: str | None = None, epilog: str | None = None,
+                   **ignored: Any) -> argparse.ArgumentParser:  # noqa: N802 - a drop-in for argparse's class
+    """``argparse.ArgumentParser(prog=..., description=...)`` with the project's behaviour
+    (:func:`make_parser`), for scripts that add their flags one by one; formatting keywords
+    argparse takes (``formatter_class``, ...) are the project's own."""
+    return make_parser(prog, description, epilog)
+
+
+def _chosen_subparser(parser: argparse.ArgumentParser, ns: Any) -> argparse.ArgumentParser | None:
+    """The sub-command's parser a parse went into (its own usage and flags for the error)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public API for this
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+            if chosen is not None:
+                return _chosen_subparser(chosen, ns) or chosen
+    return None
+
+
+def unknown_arguments_message(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """``unrecognized arguments: --polic (did you mean --policy?)``: each unknown flag with the
+    closest flag ``parser`` has (a flag it abbreviates, else the most similar spelling).
+
+    >>> p = make_parser("demo")
+    >>> _ = p.add_argument("--policy"), p.add_argument("--total-timesteps", type=int)
+    >>> unknown_arguments_message(p, ["--polic", "x", "--total-timestep=10", "--zzz"])
+    'unrecognized arguments: --polic x --total-timestep=10 --zzz (--polic: did you mean --policy?; --total-timestep: did you mean --total-timesteps?)'
+    """
+    import difflib
+
+    flags = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})  # noqa: SLF001
+    hints = []
+    for token in extra:
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        starts = [f for f in flags if f.startswith(name)]
+        close = starts[:1] if len(starts) == 1 else difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{name}: did you mean {close[0]}?")
+    message = "unrecognized arguments: " + " ".join(extra)
+    return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _make_formatter():
@@ -154,6 +218,11 @@ def _make_formatter():
 
     class HelpFormatter(SimpleHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """simple-parsing's (defaults and types shown), keeping the description's line breaks."""
+
+        def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+            if action.type is None and action.choices is None:  # a plain add_argument: argparse's FLAG
+                return action.dest.upper()
+            return super()._get_default_metavar_for_optional(action)
 
     return HelpFormatter
 

@@ -16,7 +16,7 @@ a random negative; ties count half).
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import json
 import random
 import re
@@ -181,7 +181,7 @@ def describe(result: dict, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(description="ROC AUC of open-answer rewards on VQA-RAD")
+    p = ArgumentParser(description="ROC AUC of open-answer rewards on VQA-RAD")
     p.add_argument("--vqa-rad", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "vqa_rad"))
     p.add_argument("--limit", type=int, default=300, help="distinct OPEN answers to use (0 = all)")
     p.add_argument("--negatives", type=int, default=3, help="other answers per ground truth")

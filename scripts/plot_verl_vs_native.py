@@ -12,7 +12,7 @@ training.
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -40,7 +40,7 @@ def native_curve(run: Path) -> dict[int, tuple[float, float, int]]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--verl", action="append", default=[], help="a verl run folder (repeatable)")
     p.add_argument("--native", action="append", default=[], help="a native run folder (repeatable)")
     p.add_argument("--out", required=True, help="figure path (.png)")

@@ -4,8 +4,8 @@ spellings, ``prog: error:`` (exit 2, no traceback) for user errors -- argparse's
 from __future__ import annotations
 
 import json
-
 import os
+import sys
 
 import pytest
 
@@ -19,8 +19,7 @@ def _grpo(argv):
 
 def _sft(argv):
     from train import sft
-    from train.common import parse_args
-    return parse_args(sft.Args, argv, prog="python -m train.sft")
+    return sft.cli(argv)
 
 
 def _ppo(argv):
@@ -43,33 +42,120 @@ def _tools(argv):
     return main(argv)
 
 
+def _demo(argv):
+    from eval.demo import main
+    return main(argv)
+
+
+def _plot(argv):
+    from train.plot_curves import main
+    return main(argv)
+
+
+def _server(argv):
+    from agents.openai_server import main
+    return main(argv)
+
+
+def _run_all(argv):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "run_all.py"
+    spec = importlib.util.spec_from_file_location("run_all_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations through its module
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
 def _finetune(argv):
     from tool_backends.finetune.__main__ import main
     return main(argv)
 
 
-# command, prog, argv prefix, a bad value for one of its flags
+def _train_eval(argv):
+    from train.evaluate import main
+    return main(argv)
+
+
+EVAL = ["--agent", "scripted", "--dataset", "embedded", "--out", "x"]
+# command, prog, argv prefix, a bad value for one of its flags, a misspelt flag, an abbreviated flag
 COMMANDS = [
-    (_grpo, "python -m train.grpo", [], ["--resume", "ture"]),
-    (_sft, "python -m train.sft", [], ["--tensorboard", "ture"]),
-    (_ppo, "python -m train.ppo_sb3", [], ["--n-envs", "four"]),
-    (_eval, "medvqa-eval", ["--agent", "scripted", "--dataset", "embedded", "--out", "x"], ["--progress", "ture"]),
-    (_compare, "python -m eval.compare", ["a"], ["--rank", "ture"]),
-    (_tools, "medvqa-tools serve", ["serve"], ["--done-if-invalid", "ture"]),
-    (_finetune, "python -m tool_backends.finetune ground", ["ground"], ["--steps", "many"]),
+    (_grpo, "python -m train.grpo", [], ["--resume", "ture"], "--polcy", "--polic"),
+    (_sft, "python -m train.sft", [], ["--tensorboard", "ture"], "--save-evry", "--save-ev"),
+    (_ppo, "python -m train.ppo_sb3", [], ["--n-envs", "four"], "--totl-timesteps", "--total-timestep"),
+    (_eval, "medvqa-eval", EVAL, ["--progress", "ture"], "--max-turn", "--max-tur"),
+    (_compare, "python -m eval.compare", ["a"], ["--rank", "ture"], "--rnak", "--ran"),
+    (_tools, "medvqa-tools serve", ["serve"], ["--done-if-invalid", "ture"], "--prot", "--por"),
+    (_tools, "medvqa-tools router", ["router"], ["--port", "x"], "--upstrem", "--upstr"),
+    (_demo, "medvqa-demo", [], ["--workers", "two"], "--limt", "--lim"),
+    (_plot, "python -m train.plot_curves", [], ["--runs"], "--panel", "--pan"),
+    (_server, "python -m agents.openai_server", [], ["--port", "x"], "--portt", "--po"),
+    (_run_all, "python benchmarks/run_all.py", [], ["--timeout", "x"], "--onyl", "--on"),
+    (_finetune, "python -m tool_backends.finetune segment", ["segment"], ["--steps", "x"], "--stepz", "--ste"),
+    (_train_eval, "python -m train.evaluate", ["--policy", "p", "--out", "o"], ["--seed", "x"], "--sed", "--se"),
 ]
 
 
-@pytest.mark.parametrize("command,prog,prefix,bad", COMMANDS, ids=[c[1] for c in COMMANDS])
-def test_help_shows_defaults_and_bad_values_are_prog_errors(command, prog, prefix, bad, capsys):
-    with pytest.raises(SystemExit) as done:
-        command(prefix + ["--help"])
-    assert done.value.code == 0
+def _exit_code(command, argv):
+    try:
+        return command(argv)
+    except SystemExit as done:
+        return done.code
+
+
+@pytest.mark.parametrize("command,prog,prefix,bad,misspelt,abbreviated", COMMANDS, ids=[c[1] for c in COMMANDS])
+def test_help_shows_defaults_and_bad_values_are_prog_errors(command, prog, prefix, bad, misspelt, abbreviated, capsys):
+    assert _exit_code(command, prefix + ["--help"]) == 0
     assert "(default:" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as failed:
-        command(prefix + bad)
+    assert _exit_code(command, prefix + bad) == 2
     err = capsys.readouterr().err
-    assert failed.value.code == 2 and f"{prog}: error:" in err and "Traceback" not in err
+    assert f"{prog}: error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command,prog,prefix,bad,misspelt,abbreviated", COMMANDS, ids=[c[1] for c in COMMANDS])
+def test_misspelt_and_abbreviated_flags_are_refused_with_a_hint(command, prog, prefix, bad, misspelt, abbreviated,
+                                                                capsys):
+    for flag in (misspelt, abbreviated):  # an abbreviation is never taken for the flag it abbreviates
+        assert _exit_code(command, prefix + [flag, "1"]) == 2, flag
+        err = capsys.readouterr().err
+        assert f"{prog}: error: unrecognized arguments: {flag} 1 ({flag}: did you mean --" in err, err
+        assert "Traceback" not in err
+
+
+def test_every_entry_point_builds_its_parser_with_the_project_library():
+    """No module with a ``__main__`` (nor a benchmark script) builds a plain argparse parser."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in sorted(root.glob("*/**/*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in (".venv", ".venv-verl", "tests", "docs") or rel.parts[0].startswith("."):
+            continue
+        text = path.read_text()
+        if "argparse.ArgumentParser(" in text and rel.as_posix() != "medvqa_env/cli.py":
+            offenders.append(rel.as_posix())
+    assert not offenders, f"plain argparse parsers (use medvqa_env.cli.make_parser / ArgumentParser): {offenders}"
+
+
+def test_one_name_per_concept_old_spellings_still_work():
+    from tool_backends.cli import parse
+    from train.ppo_sb3 import parse_args
+
+    ppo = parse_args(["--learning-rate", "0.5", "--train-split", "val"])  # the old names, kept as aliases
+    assert (ppo.lr, ppo.split) == (0.5, "val") and parse_args(["--lr", "0.1"]).lr == 0.1
+    assert parse(["serve", "--option", "segment.a=1", "--tool-opt", "segment.b=2"])[1].tool_opt == ["segment.a=1",
+                                                                                                  "segment.b=2"]
+
+
+def test_nothing_to_plot_and_unknown_benchmarks_are_errors(tmp_path, capsys):
+    assert _plot(["--runs", f"A={tmp_path}/nothing*", "--out", str(tmp_path / "c.png")]) == 2
+    assert "python -m train.plot_curves: error: --runs" in capsys.readouterr().err
+    assert not (tmp_path / "c.png").exists()
+    assert _run_all(["--only", "nosuch"]) == 2
+    assert "python benchmarks/run_all.py: error: Unknown benchmark 'nosuch'" in capsys.readouterr().err
 
 
 def test_both_dash_spellings_and_strict_booleans():

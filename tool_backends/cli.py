@@ -5,7 +5,7 @@ Examples::
     medvqa-tools list
     medvqa-tools serve                                   # every tool, default engines, on :7660
     medvqa-tools serve --tools segment,ground --port 7660 --engine segment=classical,ground=oracle
-    medvqa-tools serve --tools segment --engine sam --option segment.model=/models/medsam
+    medvqa-tools serve --tools segment --engine sam --tool-opt segment.model=/models/medsam
     medvqa-tools router --port 5800 --upstream segment=http://127.0.0.1:7660,ground=http://127.0.0.1:7688
 
 A server bound to anything but loopback needs ``--token-env NAME`` (the variable holding the token).
@@ -33,7 +33,7 @@ def _parse_value(text: str) -> Any:
 
 def tool_options(tools: Sequence[str], engine: str | None, options: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``--engine`` (one name for every tool that has it, or ``tool=name,...``) and
-    ``--option tool.key=value`` -> per-tool keyword options.
+    ``--tool-opt tool.key=value`` -> per-tool keyword options.
 
     >>> tool_options(["segment", "image_zoom_in"], "oracle", ["segment.max_side=1024"])
     {'segment': {'engine': 'oracle', 'max_side': 1024}, 'image_zoom_in': {}}
@@ -58,7 +58,7 @@ def tool_options(tools: Sequence[str], engine: str | None, options: Sequence[str
         key, sep, value = opt.partition("=")
         tool, dot, name = key.partition(".")
         if not sep or not dot or tool not in out:
-            raise ConfigError(f"expected --option tool.key=value for a served tool, got {opt!r}")
+            raise ConfigError(f"expected --tool-opt tool.key=value for a served tool, got {opt!r}")
         out[tool][name] = _parse_value(value)
     return out
 
@@ -118,8 +118,9 @@ class ServeArgs(ServerArgs):
     """comma-separated tool names; none given: every tool"""
     engine: str | None = None
     """engine for every tool that has it, or tool=engine,..."""
-    option: list[str] = field(default_factory=list, metadata={"cli": {"action": "append", "nargs": None}})
-    """tool.key=value (JSON values parsed; repeatable)"""
+    tool_opt: list[str] = field(default_factory=list, metadata={"cli": {"alias": ["--option"]}})
+    """tool option ``tool.key=value`` (JSON values parsed; repeatable), as ``--tool-opt`` everywhere
+    (``--option`` is the old name)"""
 
 
 @dataclass
@@ -189,7 +190,7 @@ def _run(command: str, args) -> int:
         from tool_backends.toolbox import LocalBackend
 
         names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else available_tools()
-        options = tool_options(names, args.engine, args.option)
+        options = tool_options(names, args.engine, args.tool_opt)
         backend = LocalBackend([build_tool(n, **options[n]) for n in names])
         app = create_app({n: backend for n in names}, _settings(args))
         print(f"medvqa-tools: serving {names} on http://{args.host}:{args.port}", flush=True)

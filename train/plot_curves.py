@@ -10,16 +10,19 @@ accuracy, held-out reward, training reward), e.g. the OPEN/ARMed proof::
         --panels eval/open/armed_avg eval/open/exact_match reward/threshold_bertscore reward/threshold_cosine
 
 A Markdown table of each panel's start and end values (mean ± std over seeds, and each seed's
-end value) is printed.
+end value) is printed. A ``LABEL=GLOB`` that matches no run folder (one with ``metrics.jsonl``), or a
+panel no run logged, is an error (exit 2): an empty figure is never written.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import math
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from medvqa_env.errors import ConfigError
 from train.metrics_log import read_metrics
 
 
@@ -37,11 +40,18 @@ def smooth(values, k: int = 5):
 
 
 def load_runs(specs):
+    """``{label: {folder: metrics rows}}`` for ``["LABEL=GLOB", ...]``; a spec without ``=`` or
+    that matches no folder holding a ``metrics.jsonl`` is a :class:`ConfigError`."""
     runs = {}
     for spec in specs:
-        label, _, pattern = spec.partition("=")
+        label, sep, pattern = spec.partition("=")
+        if not sep or not label or not pattern:
+            raise ConfigError(f"expected --runs LABEL=GLOB, got {spec!r}")
         folders = sorted(glob.glob(pattern))
         runs[label] = {f: read_metrics(Path(f) / "metrics.jsonl") for f in folders if (Path(f) / "metrics.jsonl").is_file()}
+        if not runs[label]:
+            raise ConfigError(f"--runs {spec!r}: no folder with a metrics.jsonl matches {pattern!r} "
+                              f"({len(folders)} path(s) matched)")
     return runs
 
 
@@ -116,17 +126,40 @@ def plot(runs, out: str, title: str = "", keys=DEFAULT_PANELS) -> None:
     fig.savefig(out, dpi=110)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", nargs="+", required=True, help="LABEL=GLOB per method")
-    p.add_argument("--out", default="docs/img/learning_curves.png")
-    p.add_argument("--title", default="")
-    p.add_argument("--panels", nargs="+", default=list(DEFAULT_PANELS), help="logged keys, one panel each")
-    ns = p.parse_args(argv)
-    runs = load_runs(ns.runs)
-    plot(runs, ns.out, ns.title, ns.panels)
-    print(summary(runs, [k for k in ns.panels if not k.startswith(SMOOTHED)] or ns.panels))
+@dataclass
+class Args:
+    """Learning curves from metrics.jsonl files."""
+
+    runs: list[str] = field(default_factory=list)
+    """``LABEL=GLOB`` per method (required; each folder the glob matches is one seed)"""
+    out: str = "docs/img/learning_curves.png"
+    """the figure (PNG)"""
+    title: str = ""
+    """the figure's title"""
+    panels: list[str] = field(default_factory=lambda: list(DEFAULT_PANELS))
+    """logged keys, one panel each"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m train.plot_curves ...``: the figure and the table; exit 2 when nothing is found."""
+    from medvqa_env.cli import parse_dataclass, run_cli
+
+    prog = "python -m train.plot_curves"
+    args = parse_dataclass(Args, argv, prog=prog, description=__doc__.split("\n\n")[0])
+
+    def run() -> int:
+        if not args.runs:
+            raise ConfigError("expected --runs LABEL=GLOB [LABEL=GLOB ...]")
+        runs = load_runs(args.runs)
+        missing = [k for k in args.panels if not any(series(rows, k)[0] for by in runs.values() for rows in by.values())]
+        if missing:
+            raise ConfigError(f"--panels {missing}: no run logged these keys")
+        plot(runs, args.out, args.title, args.panels)
+        print(summary(runs, [k for k in args.panels if not k.startswith(SMOOTHED)] or args.panels))
+        return 0
+
+    return run_cli(prog, run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,8 +32,8 @@ class Args:
     """dataset name for medvqa_env.datasets.load_dataset ("embedded" is MedVQAEnv()'s default)"""
     dataset_opt: list[str] = field(default_factory=list)
     """loader option ``key=value`` (repeatable), e.g. ``root=../shared/data/vqa_rad``"""
-    train_split: str = "train"
-    """split PPO trains on (and the answer vocabulary is learned from)"""
+    split: str = field(default="train", metadata={"cli": {"alias": ["--train-split"]}})
+    """split PPO trains on (and the answer vocabulary is learned from); ``--train-split`` is the old name"""
     eval_split: str = "test"
     """held-out split for the before/after accuracy"""
     eval_episodes: int = 200
@@ -48,8 +48,8 @@ class Args:
     """PPO minibatch size"""
     n_epochs: int = 4
     """PPO epochs per update"""
-    learning_rate: float = 1e-3
-    """Adam learning rate"""
+    lr: float = field(default=1e-3, metadata={"cli": {"alias": ["--learning-rate"]}})
+    """Adam learning rate (``--learning-rate`` is the old name)"""
     ent_coef: float = 0.01
     """entropy bonus"""
     gamma: float = 0.99
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from medvqa_env.services import EnvServices
 
     torch.set_num_threads(args.torch_threads)
-    train_set, eval_set = load_split(args, args.train_split), load_split(args, args.eval_split)
+    train_set, eval_set = load_split(args, args.split), load_split(args, args.eval_split)
     answers = answer_vocabulary(train_set, args.n_open_answers)
     # the training copies share one reward (its ARMed state moves once per PPO rollout) and toolbox;
     # the held-out env keeps its own, frozen, so the before/after evaluations are comparable
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     eval_env = make_env(args, eval_set, answers)
 
     model = PPO("MultiInputPolicy", vec_env, n_steps=args.n_steps, batch_size=args.batch_size,
-                n_epochs=args.n_epochs, learning_rate=args.learning_rate, ent_coef=args.ent_coef,
+                n_epochs=args.n_epochs, learning_rate=args.lr, ent_coef=args.ent_coef,
                 gamma=args.gamma, seed=args.seed, verbose=0, device=resolve_device(args.device))
     before = evaluate(sb3_policy(model), eval_env, args.eval_episodes)
 

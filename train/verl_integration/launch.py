@@ -22,6 +22,7 @@ Exit codes: 0 success, 2 bad arguments or config, 3 missing GPU or GPU-only depe
 from __future__ import annotations
 
 import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import importlib.util
 import logging
 import os
@@ -39,7 +40,7 @@ EXIT_OK, EXIT_CONFIG, EXIT_NO_GPU = 0, 2, 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="train/grpo.py --engine verl",
         description="GRPO with tools on verl. Trailing key=value arguments override verl's config "
                     "(Hydra syntax, e.g. actor_rollout_ref.rollout.n=4) or ours (medvqa.env.dataset=slake).")

@@ -12,7 +12,7 @@ same folder.
 
 from __future__ import annotations
 
-import argparse
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 from pathlib import Path
 
 from train.verl_integration.cpu_stand_in import CHAT_TEMPLATE
@@ -94,7 +94,7 @@ def build(out: str | Path, kind: str = "qwen2", seed: int = 0, hidden: int = 128
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--kind", default="qwen2", choices=KINDS)
     p.add_argument("--seed", type=int, default=0)

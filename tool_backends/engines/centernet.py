@@ -88,8 +88,10 @@ class CenterNetGrounder(TorchEngine):
                     {"queried_labels": []})
         if len(matched) == 1 and match_rank(matched[0], text) == 2:
             return "", {"queried_labels": matched}
-        return (f" The query was expanded to the labels the model was trained on: {', '.join(matched)}.",
-                {"queried_labels": matched})
+        # the labels go to ``data``, not the text: listed in every observation, each organ's name would
+        # appear whether or not a box was found for it, and the text should say only what was found
+        return (f" The query was expanded to the {len(matched)} labels the model was trained on that contain it; "
+                "each box names its label.", {"queried_labels": matched})
 
     def detect(self, image: Image.Image, *, text: str, context: ToolContext | None = None, image_index: int = 0,
                threshold: float | None = None, max_boxes: int = 5) -> list[dict[str, Any]]:

@@ -153,16 +153,18 @@ def split_tool_results(text: str, names: Sequence[str]) -> list[str] | None:
     return ["\n".join(lines[a:b]).strip() for a, b in zip(starts, ends)]
 
 
+def _image_part(index: int, conversation: Conversation, image_url) -> dict[str, Any]:
+    """An ``image_url`` part, or the text ``[image i]`` when images are not sent (``image_url=None``)."""
+    if image_url is None:
+        return {"type": "text", "text": f"[image {index}]"}
+    return {"type": "image_url", "image_url": {"url": image_url(conversation.images[index])}}
+
+
 def _content_parts(content: Any, conversation: Conversation, image_url) -> Any:
     if not isinstance(content, list):
         return content
-    parts = []
-    for p in content:
-        if p.get("type") == "image":
-            parts.append({"type": "image_url", "image_url": {"url": image_url(conversation.images[p["image_index"]])}})
-        else:
-            parts.append({"type": "text", "text": p.get("text", "")})
-    return parts
+    return [_image_part(p["image_index"], conversation, image_url) if p.get("type") == "image"
+            else {"type": "text", "text": p.get("text", "")} for p in content]
 
 
 def _observation(message: Mapping[str, Any]) -> tuple[str, list[int]]:
@@ -178,7 +180,8 @@ def _observation(message: Mapping[str, Any]) -> tuple[str, list[int]]:
 
 def to_openai_messages(conversation: Conversation, image_url=image_data_url,
                        tool_protocol: str = "native") -> list[dict[str, Any]]:
-    """Our messages in OpenAI form (see the module docstring for each protocol)."""
+    """Our messages in OpenAI form (see the module docstring for each protocol); ``image_url``
+    turns an image into a URL, or is ``None`` to send ``[image i]`` text instead (text models)."""
     if tool_protocol not in TOOL_PROTOCOLS:
         raise ConfigError(f"expected tool_protocol in {TOOL_PROTOCOLS}, got {tool_protocol!r}")
     msgs = conversation.messages
@@ -202,7 +205,7 @@ def to_openai_messages(conversation: Conversation, image_url=image_data_url,
                     out.extend(_tool_messages(calls, msgs[k], conversation, image_url))
         elif role == "tool":  # results of calls written as text: a user turn
             text, images = _observation(m)
-            parts = [{"type": "image_url", "image_url": {"url": image_url(conversation.images[i])}} for i in images]
+            parts = [_image_part(i, conversation, image_url) for i in images]
             out.append({"role": "user", "content": parts + [{"type": "text", "text": text}] if parts else text})
         else:
             out.append({"role": role, "content": _content_parts(content, conversation, image_url)})
@@ -219,8 +222,8 @@ def _tool_messages(calls: Sequence[Mapping[str, Any]], observation: Mapping[str,
         first = calls[0]["id"]
         results = [text] + [f"(this call's result is in the result of {first})"] * (len(calls) - 1)
     out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": c["id"], "content": r} for c, r in zip(calls, results)]
-    if images:
-        parts = [{"type": "image_url", "image_url": {"url": image_url(conversation.images[i])}} for i in images]
+    if images and image_url is not None:  # (without images the tool's text names them already)
+        parts = [_image_part(i, conversation, image_url) for i in images]
         names = ", ".join(f"image {i}" for i in images)
         out.append({"role": "user", "content": parts + [{"type": "text", "text": f"The tools returned {names}."}]})
     return out
@@ -304,6 +307,8 @@ class OpenAIAgent(Agent):
         timeout_s, retries, backoff_s: per-request timeout; extra attempts; first backoff
             (doubling, capped at ``max_backoff_s``).
         concurrency: requests in flight during ``act_batch``.
+        images: send the images as ``image_url`` parts (``False``: a text-only model; each image is
+            the text ``[image i]``).
         max_image_side: images are downscaled to this before encoding.
         extra_body: more JSON fields for every request (e.g. ``{"top_k": 20}`` for vLLM).
         send_tools: deprecated; ``False`` is ``tool_protocol="text"``.
@@ -316,7 +321,8 @@ class OpenAIAgent(Agent):
                  temperature: float | None = None, top_p: float | None = None, max_tokens: int | None = None,
                  token_limit_field: str = "auto", seed: int | None = None, stop: Sequence[str] | None = None,
                  tool_choice: str | None = None, timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0,
-                 max_backoff_s: float = 30.0, concurrency: int = 8, max_image_side: int | None = 1024,
+                 max_backoff_s: float = 30.0, concurrency: int = 8, images: bool = True,
+                 max_image_side: int | None = 1024,
                  extra_body: Mapping[str, Any] | None = None, send_tools: bool | None = None) -> None:
         import httpx
 
@@ -342,7 +348,7 @@ class OpenAIAgent(Agent):
         self.max_tokens, self.token_limit_field = max_tokens, token_limit_field
         self.timeout_s, self.retries = float(timeout_s), int(retries)
         self.backoff_s, self.max_backoff_s = float(backoff_s), float(max_backoff_s)
-        self.concurrency, self.max_image_side = int(concurrency), max_image_side
+        self.concurrency, self.images, self.max_image_side = int(concurrency), bool(images), max_image_side
         self.extra_body = dict(extra_body or {})
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s),
                                     limits=httpx.Limits(max_connections=self.concurrency))
@@ -381,7 +387,8 @@ class OpenAIAgent(Agent):
     def build_request(self, conversation: Conversation) -> dict[str, Any]:
         """The JSON body for one conversation (the model as resolved so far; nothing is fetched)."""
         body: dict[str, Any] = {"model": self.model,
-                                "messages": to_openai_messages(conversation, self._image_url, self.tool_protocol),
+                                "messages": to_openai_messages(conversation, self._image_url if self.images else None,
+                                                               self.tool_protocol),
                                 **self.sampling}
         if self.max_tokens is not None:
             body[self.token_limit_name()] = int(self.max_tokens)
@@ -509,7 +516,7 @@ class OpenAIAgent(Agent):
         ``GET /models`` when none was given), so two models on one URL are told apart."""
         self.resolve_model()
         out = {"name": self.name, "base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env,
-               "tool_protocol": self.tool_protocol, "timeout_s": self.timeout_s, "retries": self.retries,
+               "tool_protocol": self.tool_protocol, "images": self.images, "timeout_s": self.timeout_s, "retries": self.retries,
                "concurrency": self.concurrency, **self.sampling, **self.extra_body}
         if self.max_tokens is not None:
             out[self.token_limit_name()] = self.max_tokens

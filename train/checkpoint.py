@@ -59,6 +59,15 @@ def trained_settings(encoder: Any, pool: Any, index: int = 0) -> dict[str, Any]:
     }
 
 
+def record_settings(out_dir: str | os.PathLike, record: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Put :func:`trained_settings` (the prompt actually shown, env and encoder settings) into the
+    run record's ``resolved`` block and rewrite ``<out>/args.json``: the record never says
+    ``system_prompt: null`` for a run that showed the env's prompt."""
+    record["resolved"].update({k: settings[k] for k in ("system_prompt", "system_prompt_source", "env", "encoder")})
+    _atomic_write_text(Path(out_dir) / "args.json", json.dumps(record, indent=1, default=str) + "\n")
+    return record
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

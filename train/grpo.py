@@ -28,7 +28,8 @@ from train.algorithms import (AdvantageInput, LossInput, compute_advantages, dyn
 from train.batching import from_trajectory, gold_answer_sequence, micro_batches, pad_batch, response_logprobs
 from medvqa_env.cli import run_cli
 from medvqa_env.errors import ConfigError
-from train.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint, trained_settings
+from train.checkpoint import (checkpoint_step, latest_checkpoint, load_checkpoint, record_settings, save_checkpoint,
+                              trained_settings)
 from train.common import (build_policy, check_resume, count_trainable, evaluate_ablations, evaluate_heldout,
                           make_optimizer, parse_args, run_env_kwargs, save_policy, select_indices, system_prompt_of,
                           write_run_record)
@@ -304,10 +305,11 @@ def main(args: Args) -> dict[str, float] | int:
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
     generator = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     start_step = checkpoint_step(ckpt) if ckpt is not None else 0
+    settings = trained_settings(encoder, pool, int(train_idx[0]))  # the prompt actually shown, env, encoder
+    record = record_settings(out, record, settings)
     logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
                            project=args.wandb_project, purge_step=start_step + 1 if start_step else 0)
-    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind,
-             **trained_settings(encoder, pool, int(train_idx[0]))}
+    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind, **settings}
     state = {"running_accuracy": 0.5}
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, optimizer)

@@ -37,7 +37,8 @@ from train.batching import from_trajectory, micro_batches, pad_batch, response_l
 from medvqa_env.cli import run_cli
 from medvqa_env.config import parse_options
 from medvqa_env.errors import ConfigError
-from train.checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint, trained_settings
+from train.checkpoint import (checkpoint_step, latest_checkpoint, load_checkpoint, record_settings, save_checkpoint,
+                              trained_settings)
 from train.common import (build_policy, check_resume, count_trainable, evaluate_ablations, evaluate_heldout,
                           make_optimizer, parse_args, run_env_kwargs, save_policy, select_indices, system_prompt_of,
                           write_run_record)
@@ -198,8 +199,9 @@ def main(args: Args) -> dict[str, float]:
     model, encoder, kind, _ = build_policy(args.policy, system_prompt_of(args), args.train_layers, args.lora_rank,
                                            args.seed, need_reference=False, device=args.device, dtype=args.dtype)
     optimizer = make_optimizer(model, args.lr)
-    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind,
-             **trained_settings(encoder, pool, int(train_idx[0]))}
+    settings = trained_settings(encoder, pool, int(train_idx[0]))  # the prompt actually shown, env, encoder
+    record = record_settings(out, record, settings)
+    saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind, **settings}
     state: dict = {}
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, optimizer)

@@ -55,6 +55,8 @@ def test_every_save_is_an_hf_folder_with_the_settings_it_was_trained_with(runs):
     assert saved["env"]["max_turns"] == 3 and saved["env"]["tools"]["ground"]["engine"] == "oracle"
     assert saved["env"]["answer_protocol"] == "boxed"
     assert saved["encoder"] == {"chat_format": "chatml", "max_image_side": 224, "image_token": "<image>"}
+    record = json.loads((whole / "args.json").read_text())["resolved"]  # the run record says the same
+    assert record["system_prompt"] == saved["system_prompt"] and record["env"] == saved["env"]
 
 
 def test_a_resumed_run_ends_where_the_uninterrupted_one_does_and_logs_each_step_once(runs):

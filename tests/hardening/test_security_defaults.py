@@ -47,11 +47,12 @@ def test_the_router_refuses_an_open_bind_without_a_token(capsys):
     assert code == 2 and "without a token" in capsys.readouterr().err
 
 
-def test_the_model_server_refuses_an_open_bind_without_an_api_key():
+def test_the_model_server_refuses_an_open_bind_without_an_api_key(capsys):
     from agents.openai_server import main as model_main
 
-    with pytest.raises(SystemExit, match="without --api-key-env"):
-        model_main(["--host", "0.0.0.0", "--port", "1"])
+    assert model_main(["--host", "0.0.0.0", "--port", "1"]) == 2
+    assert "python -m agents.openai_server: error: refusing to serve on '0.0.0.0' without --api-key-env" in \
+        capsys.readouterr().err
 
 
 def test_limits_must_be_sane():

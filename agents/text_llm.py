@@ -85,6 +85,9 @@ class TextLLMAgent(Agent):
                          "top_p": float(top_p), "top_k": top_k, "repetition_penalty": repetition_penalty}
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.system_prompt = system_prompt if system_prompt is not None else self.saved_system_prompt
+        if system_prompt is not None and self.saved_system_prompt not in (None, system_prompt):
+            log.warning("system_prompt= replaces the prompt this checkpoint was trained with (%.60r...)",
+                        self.saved_system_prompt)
         self.max_prompt_tokens = int(max_prompt_tokens)
         self.chat_format = self._trained_or_given("chat_format", chat_format, "template")
         if self.chat_format == "chatml" and self.trained.get("image_token") and type(self)._image_token is TextLLMAgent._image_token:

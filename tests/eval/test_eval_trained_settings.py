@@ -108,3 +108,18 @@ def test_a_flag_that_changes_a_trained_setting_is_used_and_warned_about(vlm_chec
 def test_device_flag_and_agent_option_must_agree(vlm_checkpoint, tmp_path, capsys):
     assert _eval(vlm_checkpoint, tmp_path / "x", "--device", "cpu", "--agent-opt", "device=cuda") == 2
     assert "medvqa-eval: error: expected one device, got --device cpu and --agent-opt device=cuda" in capsys.readouterr().err
+
+
+def test_a_trainers_prompt_override_travels_and_replacing_it_is_warned(tmp_path, caplog):
+    from agents.vlm import VLMAgent
+    from train.common import SHORT_SYSTEM_PROMPT
+
+    sft.main(parse_args(sft.Args, ["--policy", "tiny-qwen2-vl", "--answer-types", "CLOSED", "--eval-size", "2",
+                                   "--max-new-tokens", "4", "--batch-size", "2", "--tools", "ground=oracle",
+                                   "--demo-prompt", "--steps", "1", "--no-tensorboard", "--out", str(tmp_path)]))
+    saved = json.loads((tmp_path / "final" / "medvqa_run.json").read_text())
+    assert saved["system_prompt_source"] == "override" and saved["system_prompt"] == SHORT_SYSTEM_PROMPT
+    assert VLMAgent(str(tmp_path / "final"), max_new_tokens=2).system_prompt == SHORT_SYSTEM_PROMPT
+    with caplog.at_level(logging.WARNING, logger="agents.text_llm"):
+        agent = VLMAgent(str(tmp_path / "final"), max_new_tokens=2, system_prompt="Answer.")
+    assert agent.system_prompt == "Answer." and "replaces the prompt this checkpoint was trained with" in caplog.text

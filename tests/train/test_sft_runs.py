@@ -38,6 +38,10 @@ def runs(tmp_path_factory):
     _sft(root / "whole", "--steps", "3", "--save-every", "1", "--keep", "0")
     _sft(root / "split", "--steps", "2", "--save-every", "1")    # "killed" after step 2 ...
     (root / "split" / "metrics.jsonl").open("a").write(json.dumps({"step": 3, "losses/sft": 99.0}) + "\n")
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(root / "split" / "tb")) as stale:  # what the killed run logged past its checkpoint
+        stale.add_scalar("losses/sft", 99.0, 3)
     _sft(root / "split", "--steps", "3", "--save-every", "1")    # ... resumed: step 3 redone
     return root
 
@@ -69,6 +73,12 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does_and_logs_each_step_
     assert lines[-1]["losses/sft"] != 99.0
     resumes = [json.loads(x) for x in (runs / "split" / "resumes.jsonl").read_text().splitlines()]
     assert resumes[-1]["step"] == 2 and "steps: 2 -> 3" in resumes[-1]["changes"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(runs / "split" / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("losses/sft")
+    assert [e.step for e in events] == [1, 2, 3] and events[-1].value != 99.0  # purge_step dropped the stale one
 
 
 def test_tensorboard_is_on_by_default_and_holds_final_metrics_with_the_hparams(runs):

@@ -26,7 +26,7 @@ from tool_backends.finetune.common import TOOL_INFO, FinetuneArgs
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = {"ground": 1, "segment": 1, "classify": 1}
+RECIPE_VERSION = {"ground": 1, "segment": 2, "classify": 1}
 """Bump a kind's number when its training changes: cached folders of the old recipe are then ignored."""
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {"embedded": {"dataset_options": {"n": 3200}, "val_options": {"n": 400}}}
 """Per-dataset defaults of the ``trained`` engines. Embedded: 3,200 train questions (800 images of

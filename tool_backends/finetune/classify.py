@@ -94,9 +94,8 @@ def validate(model, processor, tokenizer, images, labels: list[str], device: str
 
 
 def exclusive_groups(image_labels: list[tuple[str, ...]], labels: list[str]) -> list[list[str]]:
-    """Labels split into groups that never occur together on one image (connected components of
-    the "co-occur never" graph are too coarse; this takes, greedily in label order, the largest
-    sets whose members are pairwise exclusive and together cover every image once).
+    """Labels in groups whose members never share an image (greedy, in label order: each label
+    joins the first group it shares no image with); groups of one are dropped.
 
     >>> exclusive_groups([("CT", "lesion"), ("MRI", "no lesion"), ("CT", "no lesion")], ["CT", "MRI", "lesion", "no lesion"])
     [['CT', 'MRI'], ['lesion', 'no lesion']]

@@ -1,9 +1,9 @@
 """Train SAM (transformers ``SamModel``) on a dataset's masks from box prompts
 (``python -m tool_backends.finetune segment``); the folder loads with engine ``sam``.
 
-The network is the tiny SAM config of :mod:`tool_backends.engines.hf_sam` (256-pixel input),
-trained from its random initialisation. Each step takes ``batch_size`` images and
-``PROMPTS_PER_IMAGE`` of each image's masks; the prompt is the mask's box, each side moved by up
+The network is the tiny SAM config of :mod:`tool_backends.engines.hf_sam` (256-pixel input) at
+width ``WIDTH``, trained from a random initialisation (see :func:`sam_to_train`). Each step takes
+``batch_size`` images and ``PROMPTS_PER_IMAGE`` of each image's masks; the prompt is the mask's box, each side moved by up
 to a tenth of the box's size (SAM's box noise), and the loss is binary cross-entropy plus Dice
 on the mask upsampled to the input size the way the processor's post-processing does. Masks are
 taken from the annotations' mask files (image-level labels and boxes are not used).
@@ -25,7 +25,37 @@ log = logging.getLogger(__name__)
 
 RECIPE = {"steps": 300, "lr": 2e-3}
 PROMPTS_PER_IMAGE = 4
+WIDTH = 64
 BOX_NOISE = 0.1
+
+
+def sam_to_train(seed: int):
+    """The engine's tiny SAM config at width ``WIDTH`` (at 32 it drew organs less well on the
+    validation images), randomly initialised, its random Fourier position features drawn at SAM's own
+    scale, 1.0: the config's default (half the hidden size) is only an init that checkpoints
+    overwrite, and from scratch it makes the features alias on the 16 x 16 grid, so boxes cannot be
+    located."""
+    import torch
+    from transformers import SamConfig, SamImageProcessorPil, SamModel
+
+    from tool_backends.engines.hf_common import build_tiny
+
+    w = WIDTH
+    config = SamConfig(
+        vision_config=dict(hidden_size=w, num_hidden_layers=2, num_attention_heads=2, image_size=256, patch_size=16,
+                           output_channels=w, window_size=4, global_attn_indexes=[1], mlp_dim=2 * w,
+                           num_pos_feats=w // 2, initializer_range=0.02),
+        prompt_encoder_config=dict(hidden_size=w, image_size=256, patch_size=16, mask_input_channels=4,
+                                   image_embedding_size=16),
+        mask_decoder_config=dict(hidden_size=w, num_hidden_layers=2, num_attention_heads=2, mlp_dim=2 * w,
+                                 iou_head_hidden_dim=w),
+        initializer_range=0.02)
+    processor = SamImageProcessorPil(size={"longest_edge": 256}, pad_size={"height": 256, "width": 256})
+    model = build_tiny(lambda: SamModel(config), seed)
+    pe = model.shared_image_embedding.positional_embedding  # tied to the prompt encoder's
+    with torch.no_grad():
+        pe.copy_(torch.randn(pe.shape, generator=torch.Generator().manual_seed(seed)))
+    return model, processor
 
 
 def load_examples(images, processor) -> tuple[np.ndarray, list[list[tuple[str, np.ndarray, tuple[float, ...]]]]]:
@@ -121,7 +151,6 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
     import torch
 
     from medvqa_env.config import parse_options
-    from tool_backends.engines.hf_sam import tiny_sam
 
     steps = int(args.steps if args.steps is not None else RECIPE["steps"])
     lr = float(args.lr if args.lr is not None else RECIPE["lr"])
@@ -133,7 +162,7 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
     images, val_images, val_from = validation_images(args, images)
     val_images = [im for im in val_images if im.masks]
     with training_run(args.seed, args.torch_threads) as clock:
-        model, processor = tiny_sam(args.seed)
+        model, processor = sam_to_train(args.seed)
         pixels, masks = load_examples(images, processor)
         size = pixels.shape[-1]
         counts = label_counts([[label for label, _, _ in entries] for entries in masks])

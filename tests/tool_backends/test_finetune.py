@@ -177,9 +177,10 @@ def _presence_accuracy(toolbox, records) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about a CPU minute and a half; a shared, loaded box stretches the wall time
 def test_trained_ground_beats_classical_on_held_out_presence_questions(tmp_path):
     out = tmp_path / "ground"
-    finetune("ground", FinetuneArgs(out=str(out), steps=QUALITY_STEPS, val_opt=["n=200"]))
+    finetune("ground", FinetuneArgs(out=str(out), steps=QUALITY_STEPS, batch_size=8, val_opt=["n=200"], torch_threads=1))
     records = [r for r in load_dataset("embedded", split="test") if r.question_type == "PRES"]
     assert len(records) == 64
     trained = Toolbox.from_config({"ground": {"engine": "centernet", "model": str(out)}}, cache=False)
@@ -189,6 +190,6 @@ def test_trained_ground_beats_classical_on_held_out_presence_questions(tmp_path)
     assert acc_trained >= FLOOR, acc_trained
 
 
-QUALITY_STEPS = 150
-MARGIN = 0.15
-FLOOR = 0.75
+QUALITY_STEPS = 300  # at batch 8 on the 200 default train images: about a CPU minute of training
+MARGIN = 0.2
+FLOOR = 0.8

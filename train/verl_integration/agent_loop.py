@@ -114,6 +114,27 @@ def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | 
     return MedVQAEnv(dataset=shared_dataset(env_kwargs), services=services, **kwargs)
 
 
+def checkpoint_settings(model_path: str) -> tuple[str | None, int]:
+    """What the project's trainers saved with a policy (``medvqa_run.json``) about how it reads an
+    episode: the system prompt that replaces the env's (``None``: the env's own, the rule of
+    ``agents.models.load_policy``) and the encoder's ``max_image_side``."""
+    from agents.models import ChatEncoder, read_run_file, saved_prompt_override
+
+    run = read_run_file(model_path)
+    side = (run.get("encoder") or {}).get("max_image_side") or ChatEncoder.max_image_side
+    return saved_prompt_override(run), int(side)
+
+
+def policy_image(image: Any, max_image_side: int) -> Any:
+    """``image`` as ``agents.models.ChatEncoder`` hands it to its processor: RGB, and thumbnailed to
+    ``max_image_side`` when larger."""
+    image = image.convert("RGB")
+    if max(image.size) > max_image_side:
+        image = image.copy()
+        image.thumbnail((max_image_side, max_image_side))
+    return image
+
+
 TEXT_IMAGE_PLACEHOLDER = "<image>"
 """What a text policy reads where an image was: the same as ``agents.models.ChatEncoder`` writes for
 text models, so a checkpoint trained by ``train/sft.py`` sees the same tokens under verl."""
@@ -168,6 +189,9 @@ class MedVQAAgentLoop(AgentLoopBase):
         call = self.settings.get("scripted_tool_call")
         self.scripted_tool_turn = f"<tool_call>{json.dumps(dict(call))}</tool_call>" if call else None
         self.sees_images = self.processor is not None
+        self.system_prompt, self.max_image_side = None, None
+        if self.settings.get("checkpoint_settings"):
+            self.system_prompt, self.max_image_side = checkpoint_settings(self.config.actor_rollout_ref.model.path)
 
     # ------------------------------------------------------------------------------------------
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
@@ -195,8 +219,9 @@ class MedVQAAgentLoop(AgentLoopBase):
         options = ({"record_id": str(extra_info["record_id"])} if extra_info.get("record_id")
                    else {"index": int(extra_info.get("index", kwargs.get("index", 0)))})
         await loop.run_in_executor(None, lambda: env.reset(options=options))
-        images = list(env.images) if self.sees_images else []
-        messages = [to_verl_message(m, images) if self.sees_images else text_only(m) for m in env.messages]
+        images = self._policy_images(env.images) if self.sees_images else []
+        messages = [to_verl_message(m, images) if self.sees_images else text_only(m)
+                    for m in self._with_system_prompt(env.messages)]
         self._assert_mm_supported(bool(images))
         prompt_ids = await self.ct_build_initial_tokens(messages, images=images or None)
 
@@ -265,7 +290,7 @@ class MedVQAAgentLoop(AgentLoopBase):
             previous = messages + [{"role": "assistant", "content": last_text}]
             n_before = len(images)
             if self.sees_images:
-                images = list(env.images)
+                images = self._policy_images(env.images)
                 observation = self._capped(to_verl_message(env.messages[-1], images))
             else:
                 observation = self._capped(text_only(env.messages[-1]))
@@ -296,6 +321,21 @@ class MedVQAAgentLoop(AgentLoopBase):
             fields.update(new)
         elif new.get("max_global_steps") is not None:
             fields["max_global_steps"] = new["max_global_steps"]
+
+    def _with_system_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The env's messages with the checkpoint's saved system prompt in place of the env's, as
+        ``agents.models.ChatEncoder`` renders them (``medvqa.checkpoint_settings``)."""
+        if self.system_prompt is None:
+            return list(messages)
+        return [{**m, "content": self.system_prompt} if m["role"] == "system" else m for m in messages]
+
+    def _policy_images(self, images: list[Any]) -> list[Any]:
+        """The env's images as the policy reads them: with ``medvqa.checkpoint_settings``, shrunk to the
+        checkpoint encoder's ``max_image_side`` exactly as ``ChatEncoder`` does before its processor
+        (RGB, ``thumbnail``); the env and its tools keep the originals."""
+        if self.max_image_side is None:
+            return list(images)
+        return [policy_image(im, self.max_image_side) for im in images]
 
     # ------------------------------------------------------------------------------------------
     def _end_on_model_token(self, response_ids: list[int], mask: list[int], logprobs: list[float]):

@@ -188,6 +188,9 @@ MEDVQA_DEFAULTS: dict[str, Any] = {
     # (response_mask 0); the env runs the call for real. Tool turns for a policy that never writes one.
     "scripted_tool_call": None,
     "episode_log_dir": None,  # one JSON line per episode with what the env computed (reward_state.episode_log)
+    # read the policy's episodes as the project's trainers saved it to: the system prompt and image size
+    # of <actor_rollout_ref.model.path>/medvqa_run.json (agents.models.load_policy's rule), see agent_loop
+    "checkpoint_settings": False,
     "overlong_buffer": {"enable": False, "len": 1024, "penalty_factor": 1.0},
     # ARMed's adaptive thresholds: "auto" = one Ray actor for all workers under Ray, else local;
     # "armed": ARMedConfig overrides, e.g. {bertscore_model: /models/pubmedbert, bertscore_layers: 8,

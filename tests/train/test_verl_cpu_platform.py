@@ -252,3 +252,35 @@ def test_alias_dist_is_found_under_vllm(tmp_path, monkeypatch):
     monkeypatch.undo()
     dists = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=[str(tmp_path)])}
     assert dists == {"vllm": "0.32.0+cpu"} and info.endswith("vllm-0.32.0+cpu.dist-info")
+
+
+def test_mrope_position_ids_of_one_length_survive_verls_fix_and_the_mini_batch_split():
+    """Position ids (bs, 4, seq) reassembled the way verl's padding and TransferQueue do
+    (``torch.nested.as_nested_tensor``): with every sequence of one length torch nests them on the 4
+    rows. verl's ``maybe_fix_3d_position_ids`` then sets the ragged index to 2 and its mini-batch split
+    fails, as in CI; with the patch they are nested on the sequence and every row comes back."""
+    from tensordict import TensorDict
+
+    from verl.utils import tensordict_utils
+
+    def batch(lengths):
+        rows = [torch.arange(n).expand(4, n) + 10 * i for i, n in enumerate(lengths)]
+        return rows, TensorDict({"position_ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged)},
+                                batch_size=len(lengths))
+
+    rows, data = batch([5, 5, 5])
+    assert data["position_ids"]._ragged_idx == 1  # torch's choice: nested on the rows
+    tensordict_utils.maybe_fix_3d_position_ids(data)
+    with pytest.raises(RuntimeError):  # CI's run: "split_with_sizes expects split_sizes to sum exactly to ..."
+        tensordict_utils.index_select_tensor_dict(data, torch.tensor([0, 2]))
+
+    module = types.SimpleNamespace(**{name: getattr(tensordict_utils, name) for name in
+                                      ("maybe_fix_3d_position_ids", "nested_tensor_from_tensor_list")})
+    patch("mrope_ragged_positions").apply(module)
+    for lengths in ([5, 5, 5], [3, 5, 4], [4]):
+        rows, data = batch(lengths)
+        module.maybe_fix_3d_position_ids(data)
+        assert data["position_ids"]._ragged_idx == 2
+        picked = tensordict_utils.index_select_tensor_dict(data, torch.tensor([len(lengths) - 1, 0]))
+        got = picked["position_ids"].unbind()
+        assert torch.equal(got[0], rows[-1]) and torch.equal(got[1], rows[0])

@@ -373,6 +373,31 @@ def _qwen2vl_processor_images_only(processing) -> None:
     cls.get_attributes = classmethod(get_attributes)
 
 
+def _mrope_ragged_positions(tensordict_utils) -> None:
+    import torch
+
+    original = tensordict_utils.maybe_fix_3d_position_ids
+    if getattr(original, "_medvqa_cpu", False):
+        return
+    rebuild = tensordict_utils.nested_tensor_from_tensor_list
+
+    def maybe_fix_3d_position_ids(data) -> None:
+        positions = data["position_ids"] if "position_ids" in data.keys() else None
+        if isinstance(positions, torch.Tensor) and positions.is_nested and positions.dim() == 3 \
+                and positions._ragged_idx == 1:
+            values, offsets = positions.values(), positions.offsets()
+            rows = values.shape[0] // max(1, len(offsets) - 1)
+            on_rows = bool((offsets.diff() == rows).all()) and values.shape[0] == int(offsets[-1]) \
+                and values.shape[1] != int(offsets[-1])
+            if on_rows:  # (bs, 4, seq) of one length, nested on the rows: the same rows nested on the sequence
+                data["position_ids"] = rebuild(list(values.split(rows, dim=0)), ragged_idx=2)
+                return
+        original(data)  # verl's own fix: a ragged index that pickling reset
+
+    maybe_fix_3d_position_ids._medvqa_cpu = True
+    tensordict_utils.maybe_fix_3d_position_ids = maybe_fix_3d_position_ids
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch("gloo_backend", "torch.distributed",
           "verl/utils/distributed.py initialize_global_process_group(_ray) (torch.distributed.init_process_group)",
@@ -413,6 +438,14 @@ PATCHES: tuple[Patch, ...] = (
           "images only",
           "a CPU torchvision wheel for this torch",
           _vllm_qwen2vl_images_only),
+    Patch("mrope_ragged_positions", "verl.utils.tensordict_utils",
+          "verl/utils/tensordict_utils.py maybe_fix_3d_position_ids (the actor's and the engine's calls)",
+          "when every sequence of a batch has one length, torch nests the (bs, 4, seq) M-RoPE position ids "
+          "on their 4 rows; verl then sets the ragged index to 2 regardless and its mini-batch split fails "
+          "(split_with_sizes ... [4, 4, ...]); such a tensor is rebuilt nested on the sequence instead "
+          "(not CPU-specific: seen when all 16 rollouts of a step had one length)",
+          "verl builds the nested position ids with an explicit ragged_idx",
+          _mrope_ragged_positions),
     Patch("qwen2vl_processor_images_only", "transformers.models.qwen2_vl.processing_qwen2_vl",
           "transformers Qwen2VLProcessor.get_attributes (what from_pretrained loads)",
           "the processor loads a torchvision video processor (verl's hf_processor then returns None and "

@@ -224,6 +224,11 @@ class Runner:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
         self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config))
+        # what the envs hold: the selected questions; under a "shuffle" ablation the whole split, so that a
+        # question's swapped-in image comes from the split whatever the selection (--limit 3 may hold one image)
+        self.env_dataset = dataset if config.image_ablation == "shuffle" else self.dataset
+        self.env_index = ([dataset.index_of(r.id) for r in self.dataset] if self.env_dataset is not self.dataset
+                          else list(range(len(self.dataset))))
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.rows: dict[str, dict[str, Any]] = {}  # rows written in this call, by key (latest)
         self._metrics: OpenMetrics | None = None  # loaded on the first OPEN answer
@@ -293,7 +298,7 @@ class Runner:
         n_waves = 2 if cfg.overlap else 1
         per_wave = -(-min(cfg.batch_size * n_waves, total) // n_waves)
         slots_per_wave = max(1, -(-per_wave // n_workers))  # per worker; wave v owns local slots v*S..(v+1)*S-1
-        spec = PoolSpec({"dataset": self.dataset, "tools": cfg.tools, "max_turns": cfg.max_turns,
+        spec = PoolSpec({"dataset": self.env_dataset, "tools": cfg.tools, "max_turns": cfg.max_turns,
                          "answer_protocol": cfg.answer_protocol, "observation_style": cfg.observation_style,
                          "image_ablation": cfg.image_ablation},
                         episode_hook="eval.scoring:EpisodeScorer")
@@ -395,7 +400,7 @@ class Runner:
                     ep = todo.popleft()
                     ep.wave, ep.worker, ep.slot = wave, w, free[wave][w].pop()
                     ep.started = time.perf_counter()
-                    enqueue(ep, ("reset", ep.slot, ep.seed, {"index": ep.index}))
+                    enqueue(ep, ("reset", ep.slot, ep.seed, {"index": self.env_index[ep.index]}))
 
         for row in rejudge:
             to_judge(row)

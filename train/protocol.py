@@ -83,9 +83,11 @@ class Args:
     """held-out test questions (the first of the test split's questions of these types)"""
     val_size: int = 200
     """val questions the warm start is chosen on"""
-    sft_steps: int = 60
-    """warm-start SFT steps (checkpoints every sft_save_every are the candidates)"""
-    sft_save_every: int = 10
+    sft_steps: int = 150
+    """warm-start SFT steps (checkpoints every sft_save_every are the candidates); 150 was chosen on the
+    val split for the CPU demo (docs/training.md: after 60 steps the policy's *sampled* answer after a
+    tool call was at chance, so a tool call earned nothing for GRPO to reinforce)"""
+    sft_save_every: int = 25
     """warm-start candidates: a checkpoint (and a val evaluation) every k SFT steps"""
     sft_batch_size: int = 16
     """gold trajectories per SFT step"""
@@ -179,7 +181,17 @@ def run(out: Path, name: str, module: str, argv: list[str]) -> dict[str, Any]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    """Rows of ``path``, or of ``path.gz`` (how :func:`export` stores the large answer files); none if neither."""
+    import gzip
+
+    zipped = path.with_name(path.name + ".gz")
+    if path.is_file():
+        text = path.read_text()
+    elif zipped.is_file():
+        text = gzip.decompress(zipped.read_bytes()).decode("utf-8")
+    else:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 # ==============================================================================================
@@ -279,6 +291,36 @@ def answer_baselines(args: Args, out: Path) -> dict[str, Any]:
               "constant_candidates": scores}
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def tool_outputs(args: Args, out: Path) -> Path:
+    """What the tool says on each held-out question when called the way the gold trajectories call
+    it (``train.sft.gold_tool_call``), recorded once through the env: with the stored answers it
+    shows *how* a policy reads its tool (e.g. "yes iff anything was found" against "yes iff the
+    asked-about organ was found"), which accuracy alone cannot."""
+    path = out / "tool_outputs.jsonl"
+    if path.is_file():
+        return path
+    from medvqa_env.config import parse_options
+    from medvqa_env.env import MedVQAEnv
+    from train.common import env_kwargs, select_indices
+    from train.sft import gold_tool_call
+
+    options = parse_options(args.dataset_opt, "--dataset-opt")
+    env = MedVQAEnv(**env_kwargs(args.dataset, "test", args.tools, max(1, args.max_turns), options, reward="rule"))
+    rows = []
+    try:
+        for i in select_indices(args.dataset, "test", args.answer_types, limit=args.eval_size, dataset_options=options):
+            record = env.dataset[i]
+            call = gold_tool_call(record, env.toolbox.names)
+            env.reset(seed=0, options={"index": i})
+            text = env.step(call)[0]["text"] if call else ""
+            rows.append({"record_id": record.id, "question": record.question, "gold": record.answer,
+                         "call": call, "observation": text})
+    finally:
+        env.close()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 # ==============================================================================================
@@ -392,18 +434,28 @@ def report(args: Args, out: Path) -> dict[str, Any]:
     return result
 
 
+GZIPPED = ("heldout_answers.jsonl", "eval.answers.jsonl")  # every held-out answer: large, very repetitive
+
+
 def export(out: Path, dest: Path) -> None:
-    """Copy what a reader needs (no weights): each run's args, metrics and held-out answers, the
-    warm-start choice, the runs' CPU seconds, the answer baselines and the report."""
+    """Copy what a reader needs (no weights): each run's args, metrics and held-out answers (the
+    answer files gzipped, ~60x smaller), the warm-start choice, the runs' CPU seconds, the answer
+    baselines, the tool's outputs and the report."""
+    import gzip
+
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("protocol.json", "warm_start.json", "runs.jsonl", "answer_baselines.json"):
+    for name in ("protocol.json", "warm_start.json", "runs.jsonl", "answer_baselines.json", "tool_outputs.jsonl"):
         if (out / name).is_file():
             shutil.copy2(out / name, dest / name)
     for folder in sorted(p for p in out.iterdir() if p.is_dir() and (p / "DONE").is_file() or p.name == "answer_baselines"):
         target = dest / folder.name
         target.mkdir(exist_ok=True)
         for f in (*RUN_FILES, "DONE", "eval.json", "eval.answers.jsonl"):
-            if (folder / f).is_file():
+            if not (folder / f).is_file():
+                continue
+            if f in GZIPPED:  # mtime=0: the same answers give the same bytes
+                (target / f"{f}.gz").write_bytes(gzip.compress((folder / f).read_bytes(), mtime=0))
+            else:
                 shutil.copy2(folder / f, target / f)
     print(f"[protocol] exported run files to {dest}")
 
@@ -435,6 +487,7 @@ def main(args: Args) -> int:
         if any(b in baselines for b in ANSWER_BASELINES):
             answer_baselines(args, out)
     if "report" in stages:
+        tool_outputs(args, out)
         result = report(args, out)
         for name, row in result["rows"].items():
             sd = f" ± {row['sd']:.3f} (sample SD)" if row.get("sd") == row.get("sd") and "sd" in row else ""

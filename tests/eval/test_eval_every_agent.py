@@ -2,7 +2,7 @@
 
 Model agents use the tiny random VLM, the real SmolLM2-135M and a real OpenAI-compatible server on
 loopback; their answers are poor (untrained), which is fine: the harness must record each episode
-with its full trace, and no agent may crash the run.
+with its full trace, and no agent may crash the run -- also with the images blanked or swapped.
 """
 
 from __future__ import annotations
@@ -33,14 +33,21 @@ def embedded_test():
     return load_dataset("embedded", split="test")
 
 
-def run(agent, dataset, out_dir, n=N):
+def run(agent, dataset, out_dir, n=N, ablation="blank,shuffle"):
+    """Evaluate ``n`` questions, and the same questions with the images blanked and/or swapped
+    (``--image-ablation``: every agent kind must run ablated too)."""
     config = EvalConfig(limit=n, workers=0, progress=False, bootstrap=0, open_metrics=False,
-                        tools={"image_zoom_in": "local", "ground": {"engine": "oracle"}})
+                        tools={"image_zoom_in": "local", "ground": {"engine": "oracle"}},
+                        image_ablation=ablation)
     summary = evaluate(agent, dataset, config, out_dir=out_dir)
     rows = [json.loads(line) for line in (out_dir / "episodes.jsonl").read_text().splitlines()]
     assert summary.n_episodes == n and len(rows) == n
     assert summary.errors_by_kind == {}, summary.errors_by_kind
     assert all(row["trace"] and row["error"] is None for row in rows)
+    assert set(summary.image_ablation) == set(ablation.split(","))
+    for mode, drop in summary.image_ablation.items():
+        ablated = [json.loads(line) for line in (out_dir / f"ablation_{mode}" / "episodes.jsonl").read_text().splitlines()]
+        assert drop["episodes"] == n and len(ablated) == n and all(r["error"] is None for r in ablated)
     return summary, rows
 
 
@@ -58,7 +65,8 @@ def test_tiny_vlm(embedded_test, tmp_path):
 
 
 def test_smollm2_text_agent(embedded_test, tmp_path):
-    _, rows = run(build_agent("text-llm", max_new_tokens=8, temperature=0.0), embedded_test, tmp_path, n=2)
+    _, rows = run(build_agent("text-llm", max_new_tokens=8, temperature=0.0), embedded_test, tmp_path, n=2,
+                  ablation="shuffle")  # one ablated pass: SmolLM2 is the slowest agent here
     assert all(isinstance(row["trace"][0]["action"], str) and row["trace"][0]["action"] for row in rows)
 
 
@@ -67,4 +75,4 @@ def test_openai_endpoint_agent(embedded_test, tmp_path):
 
     with ServerProcess(torch_threads=1) as server:
         agent = build_agent("openai", base_url=server.url + "/v1", max_tokens=8, api_key_env=None)
-        run(agent, embedded_test, tmp_path, n=2)
+        run(agent, embedded_test, tmp_path, n=2, ablation="blank")

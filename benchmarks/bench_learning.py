@@ -83,6 +83,15 @@ def summarise(name: str, folder: str, key: str) -> dict[str, float | int | str]:
         fig["threshold_bertscore.first"] = statistics.mean(t[0]["reward/threshold_bertscore"] for t in thresholds)
         fig["threshold_bertscore.last"] = statistics.mean(t[-1]["reward/threshold_bertscore"] for t in thresholds)
         fig["threshold_cosine.last"] = statistics.mean(t[-1]["reward/threshold_cosine"] for t in thresholds)
+        # how often the BERTScore threshold went up (a step is one batch end), and in how many seeds the
+        # training episodes' raw BERTScore ended lower than it began (mean of the first / last 5 steps):
+        # a threshold that climbs while the answers do not is drift, not the answers improving
+        rises = [sum(b["reward/threshold_bertscore"] > a["reward/threshold_bertscore"] for a, b in zip(t, t[1:]))
+                 for t in thresholds]
+        fig["threshold_bertscore.rises_min"], fig["threshold_bertscore.rises_max"] = min(rises), max(rises)
+        fig["threshold_bertscore.transitions"] = min(len(t) - 1 for t in thresholds)
+        open_rows = [[r["open/bertscore"] for r in read_run(p) if "open/bertscore" in r] for p in runs]
+        fig["train_bertscore.fell_seeds"] = sum(statistics.mean(b[-5:]) < statistics.mean(b[:5]) for b in open_rows if b)
     sft = RUNS / folder / "sft" / "metrics.jsonl"
     if sft.is_file():  # the warm start's own held-out curve: what more SFT alone gives
         curve = [r for r in read_run(sft) if key in r]
@@ -261,7 +270,8 @@ def verl_open_sft60(name: str, folder: str) -> dict[str, float | int | str | Non
     training = verl_training(base / "verl")
     for k in ("trained_steps", "step_s.min", "step_s.max", "step_s.median"):
         fig[f"{name}.verl.{k}"] = training[k]
-    fig[f"{name}.verl.eval_episodes"] = verl_answers(base / "verl")["eval_episodes"]
+    # issue 19: what the rise is made of -- the distinct greedy answers of each evaluation
+    fig.update({f"{name}.verl.{k}": v for k, v in verl_answers(base / "verl").items()})
     return fig
 
 

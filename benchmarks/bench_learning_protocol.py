@@ -1,0 +1,206 @@
+"""The learning protocol's figures (issue 19), re-derived from its committed run files.
+
+Nothing trains here. ``python -m train.protocol ... --export docs/training_runs/protocol/<setting>``
+made the runs and copied their small files (each run's ``args.json``, ``metrics.jsonl``,
+``heldout_answers.jsonl``, the warm-start choice, the runs' CPU seconds, the answer baselines).
+This script recomputes the protocol's report from those files (:func:`train.protocol.report`),
+checks every final figure against the stored answers (the accuracy, the ARMed Avg and the number of
+distinct answers of each run's last held-out evaluation are recomputed from its answer rows), and
+records the figures (``benchmarks/results/learning_protocol.json``) and one table per setting, which
+``docs/training.md`` and the README quote through generated markers.
+
+    python benchmarks/bench_learning_protocol.py            # derive, check, keep in benchmarks/results/
+    python benchmarks/bench_learning_protocol.py --quick    # derive and print only
+"""
+
+from __future__ import annotations
+
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
+import json
+import re
+import sys
+from pathlib import Path
+
+from figures import ROOT, command_line, record, results_dir_arg
+
+RUNS = ROOT / "docs" / "training_runs" / "protocol"
+ROWS = [  # (row name in protocol.json, what the table calls it)
+    ("grpo", "**GRPO** from the val-chosen warm start"),
+    ("warm_start", "warm start alone (SFT checkpoint chosen on val)"),
+    ("more_sft", "more SFT: the warm start + as many SFT steps as GRPO took"),
+    ("tool_sft", "tool SFT from scratch: every gold trajectory calls the tool, same total steps"),
+    ("notool_sft", "no-tool SFT from scratch: no tools in the env, same total steps"),
+    ("question_prior", "question text only: most common training answer for the question"),
+    ("constant", "best constant answer (chosen on the held-out questions)"),
+]
+
+
+def check_answers(folder: Path, key: str) -> dict[str, float]:
+    """The last held-out evaluation of a run recomputed from its stored answers; raises if the
+    metrics file says otherwise."""
+    from eval.answers import answer_diversity
+    from train.protocol import read_jsonl
+
+    metrics = [r for r in read_jsonl(folder / "metrics.jsonl") if key in r]
+    step = metrics[-1]["step"]
+    rows = [r for r in read_jsonl(folder / "heldout_answers.jsonl") if r["step"] == step and r["tag"] is None]
+    if key == "eval/accuracy":
+        value = sum(bool(r["correct"]) for r in rows) / len(rows)
+    else:
+        scored = [r["open_metrics"] for r in rows if "open_metrics" in r]
+        value = sum(sum(m.values()) / len(m) for m in scored) / len(scored)
+    distinct = answer_diversity(r["answer"] for r in rows)["distinct"]
+    if abs(value - metrics[-1][key]) > 1e-3 or distinct != metrics[-1]["eval/distinct_answers"]:
+        raise SystemExit(f"{folder}: stored answers give {key} {value:.4f} and {distinct} distinct answers at step "
+                         f"{step}; metrics.jsonl says {metrics[-1][key]:.4f} and {metrics[-1]['eval/distinct_answers']}")
+    return {"questions": len(rows), "value": value, "distinct": distinct}
+
+
+PRESENCE = re.compile(r"Is there a lesion in the (.+)\?")
+FOUND_LABEL = re.compile(r"\(([^(),]+), score [0-9.]+\)")
+
+
+def reading_rules(folder: Path, runs: list[str]) -> dict[str, float]:
+    """How the final policies read the tool on presence questions ("Is there a lesion in the X?"),
+    from the stored answers and the tool's recorded outputs (``tool_outputs.jsonl``): the accuracy
+    of two readings -- *any*: yes iff the tool found anything; *host*: yes iff a box names the
+    organ asked about -- and how often each run's answers agree with each."""
+    from train.protocol import read_jsonl
+
+    tool = {r["record_id"]: r for r in read_jsonl(folder / "tool_outputs.jsonl") if PRESENCE.match(r["question"])}
+    if not tool:
+        return {}
+    rules = {}
+    for rid, r in tool.items():
+        labels = FOUND_LABEL.findall(r["observation"])
+        host = PRESENCE.match(r["question"]).group(1)
+        rules[rid] = {"any": "yes" if labels else "no", "host": "yes" if f"{host} lesion" in labels else "no",
+                      "gold": r["gold"]}
+    fig: dict[str, float] = {"questions": len(rules)}
+    for rule in ("any", "host"):
+        fig[f"{rule}.accuracy"] = sum(v[rule] == v["gold"] for v in rules.values()) / len(rules)
+    for run in runs:
+        metrics = [r for r in read_jsonl(folder / run / "metrics.jsonl") if "eval/accuracy" in r]
+        last = metrics[-1]["step"]
+        answers = {r["record_id"]: (r["answer"] or "").strip().lower()
+                   for r in read_jsonl(folder / run / "heldout_answers.jsonl") if r["step"] == last and r["tag"] is None}
+        for rule in ("any", "host"):
+            fig[f"{run}.agrees_{rule}"] = sum(answers.get(rid) == v[rule] for rid, v in rules.items()) / len(rules)
+    return fig
+
+
+def _cell(row: dict, name: str, fmt: str = ".3f") -> str:
+    v = row.get(name)
+    return "–" if v is None else format(v, fmt)
+
+
+def setting(folder: Path) -> tuple[dict, str]:
+    """Figures and the Markdown table of one protocol run folder."""
+    from train.protocol import Args, report
+
+    saved = json.loads((folder / "protocol.json").read_text())
+    args = Args(**{**saved["args"], "out": str(folder)})
+    result = report(args, folder)  # recomputed from the run files, not read back
+    key = result["metric"]
+    checked = 0
+    for name in ("grpo", "more_sft", "tool_sft", "notool_sft"):
+        for seed in result["rows"].get(name, {}).get("per_seed", {}):
+            check_answers(folder / f"{name}_s{seed}", key)
+            checked += 1
+    warm = result["warm_start"]
+    val = {int(step): v for step, v in warm["val_by_step"].items()}  # JSON keys are strings
+    fig: dict = {"metric": key, "beats_every_baseline": int(result["beats_every_baseline"]),
+                 "checked_runs": checked, "warm_start.step": warm["chosen_step"], "warm_start.val": val[warm["chosen_step"]],
+                 "warm_start.val_steps": ", ".join(f"{s}: {v:.3f}" for s, v in sorted(val.items()))}
+    lines = ["| run | seeds | held-out " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")
+             + ": mean ± sample SD [95% CI] | per seed | distinct answers | greedy tool calls / ep | "
+             "drop, blank image | drop, shuffled image | CPU min / run |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    for name, label in ROWS:
+        row = result["rows"].get(name)
+        if row is None:
+            continue
+        per = list(row["per_seed"].values())
+        for k in ("mean", "sd", "ci_low", "ci_high", "seeds"):
+            if k in row:
+                fig[f"{name}.{k}"] = row[k]
+        fig[f"{name}.distinct"] = max(p.get("distinct_answers") or 0 for p in per)
+        fig[f"{name}.calls"] = sum(p.get("greedy_tool_calls") or 0 for p in per) / len(per)
+        shares = [p["top_answer_share"] for p in per if p.get("top_answer_share") is not None]
+        if shares:  # how much of the held-out set the most common answer takes (1.0: a constant)
+            fig[f"{name}.top_share_max"] = max(shares)
+        for mode in ("blank", "shuffle"):
+            drops = [p[f"{mode}_drop"] for p in per if p.get(f"{mode}_drop") is not None]
+            if drops:
+                fig[f"{name}.{mode}_drop"] = sum(drops) / len(drops)
+        cpu = [p["cpu_s"] for p in per if p.get("cpu_s")] or ([row["cpu_s"]] if row.get("cpu_s") else [])
+        if cpu:
+            fig[f"{name}.cpu_min_max"] = max(cpu) / 60
+        if name == "grpo":
+            fig["grpo.sampled_calls_first"] = sum(p["sampled_tool_calls_first"] for p in per) / len(per)
+            fig["grpo.sampled_calls_last5"] = sum(p["sampled_tool_calls_last5"] for p in per) / len(per)
+        if name == "constant":
+            fig["constant.answer"] = row["answer"]
+        spread = (f"{row['mean']:.3f} ± {row['sd']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+                  if row.get("sd") == row.get("sd") and "sd" in row else f"{row['mean']:.3f}")
+        seeds = ", ".join(f"{p['metric']:.3f}" for p in per) if len(per) > 1 else "–"
+        lines.append(f"| {label} | {row['seeds']} | {spread} | {seeds} | {fig[f'{name}.distinct']:.0f} | "
+                     f"{fig[f'{name}.calls']:.2f} | {_cell(fig, f'{name}.blank_drop', '+.3f')} | "
+                     f"{_cell(fig, f'{name}.shuffle_drop', '+.3f')} | {_cell(fig, f'{name}.cpu_min_max', '.1f')} |")
+    for name, diff in result["grpo_minus"].items():
+        for k in ("difference", "ci_low", "ci_high"):
+            fig[f"grpo_minus.{name}.{k}"] = diff[k]
+        fig[f"grpo_minus.{name}.beats"] = int(diff["beats"])
+    read_by = {name: [f"{name}_s{seed}" for seed in result["rows"].get(name, {}).get("per_seed", {})]
+               for name in ("grpo", "tool_sft")}  # the rows whose policies call the tool
+    reading = reading_rules(folder, [run for runs in read_by.values() for run in runs])
+    fig.update({f"reading.{k}": v for k, v in reading.items()})
+    for name, runs in read_by.items():
+        if not (reading and runs):
+            continue
+        for rule in ("any", "host"):
+            agree = [reading[f"{run}.agrees_{rule}"] for run in runs]
+            fig[f"reading.{name}.agrees_{rule}_min"], fig[f"reading.{name}.agrees_{rule}_max"] = min(agree), max(agree)
+    fig["table"] = "\n".join(lines)
+    return fig, "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="derive and print the figures, keep nothing")
+    ap.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from learning_protocol_verl import verl_setting
+
+    folders = sorted(p.parent for p in RUNS.glob("*/protocol.json"))
+    verl_runs = {p.name.removesuffix("_verl"): p for p in sorted(RUNS.glob("*_verl")) if any(p.glob("verl_s*/cpu.json"))}
+    if not folders and not verl_runs:
+        print(f"no protocol runs under {RUNS}: run python -m train.protocol ... --export {RUNS}/<setting>",
+              file=sys.stderr)
+        return 1
+    figures: dict = {}
+    sections = ["## Learning protocol (from the committed run files)", "",
+                "Each table: `python -m train.protocol` (docs/training.md), re-derived from the run files and "
+                "checked against the stored held-out answers.", ""]
+    for folder in folders:
+        fig, table = setting(folder)
+        if folder.name in verl_runs:  # the same task through verl's trainer: one more row (learning_protocol_verl)
+            grpo = json.loads((folder / "protocol.json").read_text())["rows"].get("grpo", {}).get("per_seed", {})
+            verl_fig, cells, _ = verl_setting(verl_runs.pop(folder.name), [r["metric"] for r in grpo.values()])
+            fig.update(verl_fig)
+            table = fig["table"] = table + "\n| " + " | ".join(cells) + " |"
+        figures.update({f"{folder.name}.{k}": v for k, v in fig.items()})
+        sections += [f"### {folder.name}", "", table, ""]
+    for name, folder in verl_runs.items():  # verl's runs of a setting whose native runs are not exported yet
+        fig, _, table = verl_setting(folder)
+        figures.update({f"{name}.{k}": v for k, v in fig.items()})
+        sections += [f"### {name}: verl's trainer only", "", table, ""]
+    record("learning_protocol", "\n".join(sections), figures, command_line("bench_learning_protocol.py", argv),
+           results_dir_arg(args.quick, args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The learning protocol's figures (``benchmarks/bench_learning_protocol.py``) are re-derived from the
+committed run files (``docs/training_runs/protocol/<setting>``), checked against the stored held-out
+answers, and are what the results file records."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs" / "training_runs" / "protocol"
+SETTINGS = sorted(p.parent for p in RUNS.glob("*/protocol.json"))
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_learning_protocol",
+                                                  ROOT / "benchmarks" / "bench_learning_protocol.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def answers(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in gzip.open(folder / "heldout_answers.jsonl.gz", "rt")]
+
+
+def test_settings_are_committed():
+    assert {p.name for p in SETTINGS} >= {"closed"}
+
+
+@pytest.mark.parametrize("folder", SETTINGS, ids=lambda p: p.name)
+def test_the_recorded_figures_are_what_the_run_files_say(bench, folder):
+    fig, _ = bench.setting(folder)
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_protocol.json").read_text())["figures"]
+    native = {k: v for k, v in fig.items() if not k.startswith("verl") and k != "table"}
+    for key, value in native.items():
+        got = recorded[f"{folder.name}.{key}"]
+        assert got == (pytest.approx(value) if isinstance(value, float) else value), key
+
+
+@pytest.mark.parametrize("folder", SETTINGS, ids=lambda p: p.name)
+def test_each_grpo_seed_is_5_seeds_of_stored_answers_independently_counted(folder):
+    """Without the bench's helpers: the last held-out evaluation of every GRPO seed, from its stored
+    answers, is the metric protocol.json reports, over as many questions as the protocol asked."""
+    report = json.loads((folder / "protocol.json").read_text())
+    per_seed = report["rows"]["grpo"]["per_seed"]
+    assert len(per_seed) >= 5
+    for seed, row in per_seed.items():
+        rows = answers(folder / f"grpo_s{seed}")
+        last = max(r["step"] for r in rows)
+        final = [r for r in rows if r["step"] == last and r["tag"] is None]
+        assert len(final) == report["args"]["eval_size"] or report["metric"] != "eval/accuracy"
+        assert len({r["record_id"] for r in final}) == len(final)
+        if report["metric"] == "eval/accuracy":
+            assert row["metric"] == pytest.approx(sum(bool(r["correct"]) for r in final) / len(final))
+        assert row["distinct_answers"] == len({(r["answer"] or "").strip().lower() for r in final})
+
+
+def test_a_stored_answer_that_disagrees_with_the_metrics_fails_the_check(bench, tmp_path):
+    """Flip one stored verdict of a GRPO run's last evaluation: the accuracy recomputed from the answers
+    no longer matches metrics.jsonl, and the check says so instead of recording it."""
+    run = RUNS / "closed" / "grpo_s0"
+    copy = tmp_path / "grpo_s0"
+    shutil.copytree(run, copy)
+    rows = answers(copy)
+    last = max(r["step"] for r in rows)
+    victim = next(r for r in rows if r["step"] == last and r["tag"] is None)
+    victim["correct"] = not victim["correct"]
+    (copy / "heldout_answers.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    bench.check_answers(run, "eval/accuracy")  # the committed files agree
+    with pytest.raises(SystemExit, match="stored answers give eval/accuracy"):
+        bench.check_answers(copy, "eval/accuracy")
+
+
+def test_the_any_box_reading_is_counted_from_the_tools_recorded_outputs(bench):
+    """The reading "yes iff the tool found anything", recounted here from tool_outputs.jsonl with a
+    different parse (any "score" in the observation), is the accuracy the results record."""
+    folder = RUNS / "closed"
+    rows = [json.loads(line) for line in (folder / "tool_outputs.jsonl").read_text().splitlines()]
+    presence = [r for r in rows if re.match(r"Is there a lesion in the .+\?", r["question"])]
+    found = [("yes" if "score" in r["observation"] else "no") == r["gold"] for r in presence]
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_protocol.json").read_text())["figures"]
+    assert recorded["closed.reading.questions"] == len(presence)
+    assert recorded["closed.reading.any.accuracy"] == pytest.approx(sum(found) / len(found))

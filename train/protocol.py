@@ -487,8 +487,11 @@ def main(args: Args) -> int:
         if any(b in baselines for b in ANSWER_BASELINES):
             answer_baselines(args, out)
     if "report" in stages:
-        tool_outputs(args, out)
         result = report(args, out)
+        if "grpo" not in result["rows"]:  # nothing to compare: a report of baselines alone is no result
+            print(f"[protocol] no finished GRPO run under {out}: nothing to report", file=sys.stderr)
+            return 1
+        tool_outputs(args, out)
         for name, row in result["rows"].items():
             sd = f" ± {row['sd']:.3f} (sample SD)" if row.get("sd") == row.get("sd") and "sd" in row else ""
             print(f"[protocol] {name:15s} {result['metric']} {row['mean']:.3f}{sd} over {row['seeds']} seed(s)")

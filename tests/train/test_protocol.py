@@ -123,3 +123,15 @@ def test_a_finished_run_is_skipped_and_a_failed_one_stops(tmp_path):
         protocol.run(tmp_path, "bad", "no.such.module", [])
     assert not (tmp_path / "bad" / "DONE").exists()
     assert [r["name"] for r in read(tmp_path / "runs.jsonl")] == ["ok", "bad"]
+
+
+def test_a_report_without_a_finished_grpo_run_fails(tmp_path, capsys):
+    """Baselines alone are no result: the report stage exits 1 and says why."""
+    _fake_run(tmp_path, "more_sft_s0", 0.5)
+    (tmp_path / "warm_start.json").write_text(json.dumps({"chosen_step": 40, "checkpoint": "x"}))
+    (tmp_path / "warm_test").mkdir()
+    (tmp_path / "warm_test" / "eval.json").write_text(json.dumps({"metrics": {"eval/accuracy": 0.5}}))
+    args = protocol.Args(out=str(tmp_path), stages="report", baselines="more_sft")
+    assert protocol.main(args) == 1
+    assert "no finished GRPO run" in capsys.readouterr().err
+    assert not (tmp_path / "tool_outputs.jsonl").exists()

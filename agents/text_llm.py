@@ -16,6 +16,11 @@ was trained: ``chat_format="chatml"`` renders the chat exactly as the trainers' 
 trainer's override), no ``tools=`` -- with its image placeholder; the same token ids as in
 training. ``chat_format="template"`` (the default for any other model) uses the tokenizer's chat
 template as described above. Passing a setting that differs from the checkpoint's logs a warning.
+
+Generation follows the same rule: a trainer's checkpoint decodes as its trainer evaluated it on
+held-out questions (greedy, the run's ``max_new_tokens``: ``medvqa_run.json``'s ``generation``
+block), so ``eval.run`` reproduces the figure the trainer printed; sampling is an explicit choice
+(``temperature=0.7``), warned about. Any other model samples at ``temperature=0.7, top_p=0.9``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ class TextLLMAgent(Agent):
             already loaded model (then pass ``tokenizer``).
         tokenizer: the tokenizer when ``model`` is a loaded model.
         max_new_tokens, temperature, top_p, top_k, repetition_penalty: sampling settings
-            (``temperature=0`` is greedy).
+            (``temperature=0`` is greedy); default: a trainer's checkpoint decodes as it was
+            evaluated in training (greedy, its ``max_new_tokens``), any other model with
+            ``temperature=0.7, top_p=0.9, max_new_tokens=128``.
         batch_size: conversations per ``generate`` call.
         seed: each ``act_batch`` call seeds torch with ``seed + call number`` (reproducible runs).
         system_prompt: replaces the system prompt entirely when given (default: the prompt a
@@ -62,12 +69,12 @@ class TextLLMAgent(Agent):
     name = "text-llm"
     image_text = "[image {index}]"
 
-    def __init__(self, model: Any = "smollm2", tokenizer: Any = None, max_new_tokens: int = 128,
-                 temperature: float = 0.7, top_p: float = 0.9, top_k: int | None = None,
+    def __init__(self, model: Any = "smollm2", tokenizer: Any = None, max_new_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                  repetition_penalty: float | None = None, batch_size: int = 8, seed: int = 0,
                  system_prompt: str | None = None, max_prompt_tokens: int = 4096, device: str = "auto",
                  dtype: str | torch.dtype = "float32", chat_format: str | None = None) -> None:
-        if max_new_tokens < 1 or batch_size < 1 or temperature < 0:
+        if (max_new_tokens is not None and max_new_tokens < 1) or batch_size < 1 or (temperature is not None and temperature < 0):
             raise ValueError(f"expected max_new_tokens >= 1, batch_size >= 1, temperature >= 0, got "
                              f"{max_new_tokens!r}, {batch_size!r}, {temperature!r}")
         from agents.devices import resolve_device, resolve_dtype
@@ -78,11 +85,12 @@ class TextLLMAgent(Agent):
             raise ConfigError(f"expected chat_format in {CHAT_FORMATS}, got {chat_format!r}")
         self.saved_system_prompt: str | None = None  # the prompt a trainer saved with the checkpoint
         self.trained = trained_rendering(model)  # how a trainer encoded this checkpoint ({} otherwise)
+        self.trained_generation = trained_generation(model)  # how its trainer decoded held-out questions
         self.model, self.tokenizer = self._load(model, tokenizer, dtype, device)
         self.model.eval()
         self.device, self.dtype = device, dtype
-        self.sampling = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
-                         "top_p": float(top_p), "top_k": top_k, "repetition_penalty": repetition_penalty}
+        self.sampling, self.generation_source = self._resolve_sampling(max_new_tokens, temperature, top_p)
+        self.sampling.update(top_k=top_k, repetition_penalty=repetition_penalty)
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.system_prompt = system_prompt if system_prompt is not None else self.saved_system_prompt
         if system_prompt is not None and self.saved_system_prompt not in (None, system_prompt):
@@ -109,6 +117,33 @@ class TextLLMAgent(Agent):
             raise ConfigError(f"expected a text-only causal LM for {self.name!r}, got a {kind} model from {model!r}; "
                               "use the 'vlm' agent for vision-language models")
         return loaded, encoder.tokenizer
+
+    def _resolve_sampling(self, max_new_tokens: int | None, temperature: float | None,
+                          top_p: float | None) -> tuple[dict[str, Any], str]:
+        """The decoding settings and where they came from: ``"checkpoint"`` (the trainer's
+        held-out decoding, for every setting not given), ``"given"`` or ``"default"``."""
+        trained = self.trained_generation
+        given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+        if trained:
+            base = {"max_new_tokens": trained.get("max_new_tokens", 128), "temperature": 0.0, "top_p": 1.0}
+            if temperature is not None and temperature > 0:
+                log.warning("temperature=%s samples, but this checkpoint's trainer evaluated it greedily: the "
+                            "figures will differ from the trainer's held-out figures", temperature)
+            if max_new_tokens is not None and max_new_tokens != base["max_new_tokens"]:
+                log.warning("max_new_tokens=%s differs from the %s this checkpoint was evaluated with in training",
+                            max_new_tokens, base["max_new_tokens"])
+        else:
+            base = {"max_new_tokens": 128, "temperature": 0.7, "top_p": 0.9}
+        source = "given" if all(v is not None for v in given.values()) else ("checkpoint" if trained else "default")
+        out = {k: (given[k] if given[k] is not None else base[k]) for k in base}
+        out["max_new_tokens"], out["temperature"], out["top_p"] = (int(out["max_new_tokens"]), float(out["temperature"]),
+                                                                   float(out["top_p"]))
+        return out, source
+
+    @property
+    def greedy(self) -> bool:
+        """Every turn is decoded greedily (``temperature=0``): K samples of a question are one answer."""
+        return self.sampling["temperature"] <= 0
 
     def _trained_or_given(self, name: str, given: Any, default: Any) -> Any:
         """``given`` if set (with a warning when it differs from the checkpoint's), else the
@@ -233,7 +268,8 @@ class TextLLMAgent(Agent):
         return {"name": self.name, "model": self.model_name, "batch_size": self.batch_size, "seed": self.seed,
                 "dtype": str(self.dtype).removeprefix("torch."), "chat_format": self.chat_format,
                 **({"system_prompt": self.system_prompt} if self.system_prompt is not None else {}),
-                **{k: v for k, v in self.sampling.items() if v is not None}}
+                **{k: v for k, v in self.sampling.items() if v is not None},
+                "decoding": "greedy" if self.greedy else "sampled", "generation_source": self.generation_source}
 
 
 def trained_rendering(model: Any) -> dict[str, Any]:
@@ -246,6 +282,28 @@ def trained_rendering(model: Any) -> dict[str, Any]:
     from agents.models import read_run_file
 
     return dict(read_run_file(Path(model).expanduser()).get("encoder") or {})
+
+
+def trained_generation(model: Any) -> dict[str, Any]:
+    """How a trainer decoded the checkpoint folder ``model`` on its held-out questions: the
+    ``generation`` block of ``medvqa_run.json``, or ``{"do_sample": False}`` for a trainer's
+    checkpoint written before that block existed (every trainer here evaluates greedily, with its
+    ``args.max_new_tokens``); ``{}`` for anything that is not a trainer's checkpoint."""
+    from pathlib import Path
+
+    if not isinstance(model, str) or not Path(model).expanduser().is_dir():
+        return {}
+    from agents.models import read_run_file
+
+    run = read_run_file(Path(model).expanduser())
+    if not run:
+        return {}
+    if run.get("generation"):
+        return dict(run["generation"])
+    out: dict[str, Any] = {"do_sample": False}
+    if (run.get("args") or {}).get("max_new_tokens"):
+        out["max_new_tokens"] = int(run["args"]["max_new_tokens"])
+    return out
 
 
 def _left_pad(rows: Sequence[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

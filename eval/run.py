@@ -163,6 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(PROG, lambda: _evaluate(run, config, given_fields(argv)))
 
 
+def decoding_notes(agent: Any, k: int) -> list[str]:
+    """What a model agent's decoding is and where it came from (printed; ``run.json``'s agent
+    block records it), and a warning when pass@K cannot sample."""
+    sampling, source = getattr(agent, "sampling", None), getattr(agent, "generation_source", None)
+    if not isinstance(sampling, dict) or "temperature" not in sampling:
+        return []
+    greedy = sampling["temperature"] <= 0
+    how = "greedy" if greedy else f"sampled at temperature={sampling['temperature']}, top_p={sampling.get('top_p')}"
+    where = {"checkpoint": "the checkpoint's held-out decoding, as its trainer evaluated it",
+             "given": "as given", "default": "the agent's default"}.get(source, source)
+    lines = [f"decoding: {how}, max_new_tokens={sampling.get('max_new_tokens')} ({where})"]
+    if greedy and k > 1:
+        lines.append(f"warning: --k {k} with greedy decoding asks the same answer {k} times (pass@K = accuracy); "
+                     "sample with --agent-opt temperature=0.7")
+    return lines
+
+
 def _agent_options(run: RunArgs) -> dict[str, Any]:
     """``--agent-opt`` pairs, with ``--device`` / ``--dtype`` (which must agree with them)."""
     options = parse_options(run.agent_opt, "--agent-opt")
@@ -195,6 +212,8 @@ def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
             log.warning(note)
         dataset = load_dataset(run.dataset, split=run.split, **parse_options(run.dataset_opt, "--dataset-opt"))
         agent = build_agent(run.agent, **agent_options)
+        for line in decoding_notes(agent, config.k):
+            print(line, file=sys.stderr)
         if run.judge_url:
             from eval.judge import build_judge
 

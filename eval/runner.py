@@ -58,6 +58,9 @@ class EvalConfig:
     limit: int | None = None
     """Evaluate ``limit`` questions: the first of the split, or of the ``shuffle``/``stratify``
     order (:mod:`eval.selection`; a larger limit extends the same selection). ``None``: all."""
+    answer_types: str | None = None
+    """Only these answer types (comma list of ``CLOSED``, ``MCQ``, ``OPEN``), kept before ``limit``
+    applies: ``--answer-types CLOSED --limit 200`` asks a trainer's 200 held-out CLOSED questions."""
     shuffle: bool = False
     """Take the questions in a seeded random order (``shuffle_seed``) before ``limit`` applies."""
     stratify: str | None = None
@@ -223,7 +226,8 @@ class Runner:
         if config.batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
-        self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config))
+        self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config),
+                                      config.answer_types)
         # what the envs hold: the selected questions; under a "shuffle" ablation the whole split, so that a
         # question's swapped-in image comes from the split whatever the selection (--limit 3 may hold one image)
         self.env_dataset = dataset if config.image_ablation == "shuffle" else self.dataset
@@ -586,8 +590,8 @@ def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str |
     loaded = dataset_provenance(dataset)  # the files read and the rows skipped (their list: skipped_records.jsonl)
     if loaded is not None:
         info["dataset_provenance"] = loaded.summary()
-    info.update({"k": config.k, "limit": config.limit, "shuffle": config.shuffle, "stratify": config.stratify,
-                 "shuffle_seed": selection_seed(config)})
+    info.update({"k": config.k, "limit": config.limit, "answer_types": config.answer_types, "shuffle": config.shuffle,
+                 "stratify": config.stratify, "shuffle_seed": selection_seed(config)})
     return info
 
 

@@ -39,12 +39,14 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(Path(path).name.rsplit("_", 1)[-1])
 
 
-def trained_settings(encoder: Any, pool: Any, index: int = 0) -> dict[str, Any]:
+def trained_settings(encoder: Any, pool: Any, index: int = 0, max_new_tokens: int | None = None) -> dict[str, Any]:
     """What ``medvqa_run.json`` records so ``eval.run`` can run the model as it was trained: the
     system prompt actually shown (the override, else the env's own text, taken from a reset of
     ``pool``'s first slot on record ``index``) and where it came from, the env settings (tool
-    turns, tools, answer protocol, observation style), and how the trainer's encoder rendered the
-    chat (plain ChatML, images shrunk to ``max_image_side``, text models' ``image_token``)."""
+    turns, tools, answer protocol, observation style), how the trainer's encoder rendered the
+    chat (plain ChatML, images shrunk to ``max_image_side``, text models' ``image_token``), and how
+    its held-out evaluation decoded (``generation``: greedy, ``max_new_tokens`` per turn) -- the
+    decoding ``eval.run`` uses by default, so it reproduces the trainer's held-out figures."""
     _, info = pool.reset([(0, {"index": int(index)})])[0]
     env = dict(pool.spec.env_kwargs)
     override = getattr(encoder, "system_prompt", None)
@@ -56,6 +58,8 @@ def trained_settings(encoder: Any, pool: Any, index: int = 0) -> dict[str, Any]:
                 "observation_style": env.get("observation_style", "observation_tag")},
         "encoder": {"chat_format": "chatml", "max_image_side": getattr(encoder, "max_image_side", None),
                     "image_token": getattr(encoder, "image_token", None)},
+        "generation": {"do_sample": False, "temperature": 0.0,
+                       **({"max_new_tokens": int(max_new_tokens)} if max_new_tokens else {})},
     }
 
 
@@ -63,7 +67,8 @@ def record_settings(out_dir: str | os.PathLike, record: dict[str, Any], settings
     """Put :func:`trained_settings` (the prompt actually shown, env and encoder settings) into the
     run record's ``resolved`` block and rewrite ``<out>/args.json``: the record never says
     ``system_prompt: null`` for a run that showed the env's prompt."""
-    record["resolved"].update({k: settings[k] for k in ("system_prompt", "system_prompt_source", "env", "encoder")})
+    record["resolved"].update({k: settings[k] for k in ("system_prompt", "system_prompt_source", "env", "encoder",
+                                                        "generation") if k in settings})
     _atomic_write_text(Path(out_dir) / "args.json", json.dumps(record, indent=1, default=str) + "\n")
     return record
 

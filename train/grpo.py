@@ -305,7 +305,7 @@ def main(args: Args) -> dict[str, float] | int:
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
     generator = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     start_step = checkpoint_step(ckpt) if ckpt is not None else 0
-    settings = trained_settings(encoder, pool, int(train_idx[0]))  # the prompt actually shown, env, encoder
+    settings = trained_settings(encoder, pool, int(train_idx[0]), args.max_new_tokens)  # the prompt actually shown, env, encoder
     record = record_settings(out, record, settings)
     logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
                            project=args.wandb_project, purge_step=start_step + 1 if start_step else 0)

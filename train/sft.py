@@ -199,7 +199,7 @@ def main(args: Args) -> dict[str, float]:
     model, encoder, kind, _ = build_policy(args.policy, system_prompt_of(args), args.train_layers, args.lora_rank,
                                            args.seed, need_reference=False, device=args.device, dtype=args.dtype)
     optimizer = make_optimizer(model, args.lr)
-    settings = trained_settings(encoder, pool, int(train_idx[0]))  # the prompt actually shown, env, encoder
+    settings = trained_settings(encoder, pool, int(train_idx[0]), args.max_new_tokens)  # the prompt actually shown, env, encoder
     record = record_settings(out, record, settings)
     saved = {**record, "base_model": record["resolved"]["base_model"], "kind": kind, **settings}
     state: dict = {}

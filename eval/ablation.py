@@ -1,4 +1,4 @@
-"""``eval.run --image-ablation blank|shuffle``: the same run with the images removed or swapped.
+"""``eval.run --image-ablation blank|shuffle|blank_policy``: the same run with the images removed or swapped.
 
 The normal run and each ablated run (``out/ablation_<mode>/``, resumable like any run) use the
 same agent, questions, seeds, tools and scorer; only the env's ``image_ablation`` differs (see

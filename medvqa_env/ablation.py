@@ -9,6 +9,10 @@ image):
 * ``"blank"``: a black image of the same size; no annotations (nothing is there to find).
 * ``"shuffle"``: the image (and the annotations) of another record of the same dataset, chosen
   deterministically (:func:`donor_index`), so the question no longer matches its picture.
+* ``"blank_policy"``: the agent alone is blind -- every image it is shown (the question's and each
+  tool's crop or overlay) is black, while the tools (and the oracle engines) work on the real image
+  and their text reaches the agent as usual. Beside ``"blank"`` (which blinds the tools too) it
+  separates the agent's own use of the pixels from its use of what the tools say about them.
 
 The question, the options and the gold answer stay the record's own, so the same scorer measures
 how much of the normal score was the picture's. ``eval.run --image-ablation`` reports the drop.
@@ -26,7 +30,7 @@ from PIL import Image
 
 from medvqa_env.errors import ConfigError
 
-ABLATIONS = ("blank", "shuffle")
+ABLATIONS = ("blank", "shuffle", "blank_policy")
 
 
 def check_ablation(mode: str | None) -> str | None:

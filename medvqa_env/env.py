@@ -55,7 +55,8 @@ class MedVQAEnv(gym.Env[dict, str]):
         render_mode: ``None`` or ``"rgb_array"``.
         image_ablation: ``None``, ``"blank"`` or ``"shuffle"``: show every episode a black image, or
             another record's image, with the question, options and gold answer kept; tools and
-            oracle annotations follow the shown image (see :mod:`medvqa_env.ablation`).
+            oracle annotations follow the shown image; ``"blank_policy"``: only the agent's images
+            are black, the tools see the real one (see :mod:`medvqa_env.ablation`).
 
     Observation: ``{"text": str, "images": tuple[np.ndarray, ...]}`` -- after ``reset`` the user
     turn (question, options, answer format) with the question's image(s); after ``step`` the tool
@@ -311,6 +312,8 @@ class MedVQAEnv(gym.Env[dict, str]):
         """A new array of an episode image's pixels (already fitted to ``max_image_side``); a
         record image's is a memcpy of the array its ``ImageCache`` keeps, ~4x cheaper than PIL's
         (or that array itself, read-only, when ``copy_observation_images`` is off)."""
+        if self.image_ablation == "blank_policy":  # the agent sees black; the tools saw the real image
+            return np.zeros((image.height, image.width, 3), dtype=np.uint8)
         pixels = image_pixels(image)
         if pixels is not None:
             return pixels.copy() if self.copy_observation_images else pixels

@@ -71,3 +71,20 @@ def test_shuffle_needs_two_images(tmp_path):
                                answer_type="CLOSED", dataset="x") for i in range(3)], name="x")
     with pytest.raises(ConfigError, match="at least 2 different images"):
         MedVQAEnv(dataset=ds, image_ablation="shuffle")
+
+
+def test_blank_policy_blinds_the_agent_only_the_tools_see_the_real_image():
+    normal = MedVQAEnv(split="test", tools={"ground": "oracle", "image_zoom_in": "local"})
+    blind = MedVQAEnv(split="test", tools={"ground": "oracle", "image_zoom_in": "local"}, image_ablation="blank_policy")
+    i = lesion_index(normal)
+    obs_n, _ = normal.reset(seed=0, options={"index": i})
+    obs_b, _ = blind.reset(seed=0, options={"index": i})
+    assert obs_b["images"][0].shape == obs_n["images"][0].shape and obs_b["images"][0].max() == 0
+    assert obs_n["images"][0].max() > 0
+    said = normal.step(GROUND)[0]["text"]
+    assert blind.step(GROUND)[0]["text"] == said and "Found nothing" not in said  # the tool saw the lesion
+    zoom = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, 60, 60]}}</tool_call>'
+    blind.reset(seed=0, options={"index": i})
+    crop = blind.step(zoom)[0]["images"]
+    assert len(crop) == 1 and crop[0].max() == 0  # a tool's crop of the real image is not shown either
+    assert blind.images[0].getextrema() != ((0, 0), (0, 0), (0, 0))  # the env (and its tools) keep the real one

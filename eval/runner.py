@@ -72,8 +72,8 @@ class EvalConfig:
     """Env worker processes; 0 runs envs in this process (serial, for debugging and baselines)."""
     batch_size: int = 32
     """Live episodes at once (the most conversations one ``act_batch`` call can get)."""
-    tools: Any = None
-    """Tool config for the env (see ``tool_backends.config``); ``None`` = default tools, ``[]`` = none."""
+    tools: Any = field(default=None, metadata={"none_is_a_value": True})
+    """Tool config for the env (see ``tool_backends.config``); ``None`` = default tools; ``none`` or ``[]`` = none."""
     max_turns: int = 3
     """Tool turns per episode (seed 000: 3)."""
     answer_protocol: str = "boxed"

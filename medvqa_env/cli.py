@@ -69,6 +69,11 @@ def field_help(cls: type, name: str) -> str:
     return ""
 
 
+NONE_IS_A_VALUE = "none_is_a_value"
+"""Field metadata key: the field's ``none`` is a value of its own (``--tools none``: no tools), not
+``None`` (the default), so the command line passes the word through."""
+
+
 def _optional_scalar(kind: type) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         if str(text).strip().lower() in ("none", "null"):
@@ -110,12 +115,14 @@ def cli_view(cls: type, overrides: Mapping[str, Any] | None = None, exclude: Seq
         factory = f.default_factory if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
         kind, optional = _strip_optional(hints[f.name])
         extra: dict[str, Any] = dict(f.metadata.get("cli", {}))
+        none_is_value = bool(f.metadata.get(NONE_IS_A_VALUE))  # "none" means something other than the default
         if kind is bool:
             specs.append((f.name, bool, sp.flag(default, negative_prefix="--no-", help=help_text, **extra)))
             continue
         if kind in (int, float, str):
             specs.append((f.name, hints[f.name], sp.field(default=default, help=help_text,
-                                                         type=_optional_scalar(kind) if optional else kind, **extra)))
+                                                         type=_optional_scalar(kind) if optional and not none_is_value
+                                                         else kind, **extra)))
             continue
         if kind is dict or typing.get_origin(kind) is dict:  # repeated key=value -> a dict
             dict_fields.append(f.name)
@@ -134,7 +141,8 @@ def cli_view(cls: type, overrides: Mapping[str, Any] | None = None, exclude: Seq
         if factory is not dataclasses.MISSING:
             default = factory()
         specs.append((f.name, typing.Optional[str], sp.field(default=default, help=help_text,
-                                                              type=_optional_scalar(str), **extra)))
+                                                              type=str if none_is_value else _optional_scalar(str),
+                                                              **extra)))
     view = dataclasses.make_dataclass(cls.__name__, specs)
     view.__doc__ = (cls.__doc__ or "").strip().split("\n\n")[0] or cls.__name__
     view.dict_fields = tuple(dict_fields)  # type: ignore[attr-defined]

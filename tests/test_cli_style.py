@@ -215,3 +215,19 @@ def test_verl_gets_every_flag_the_user_gave_resolved_or_a_clear_refusal():
     assert "medvqa.env.answer_protocol=xml" in argv
     with pytest.raises(ConfigError, match="default reward"):
         argv_from_native(grpo.Args(reward="medix"), {"reward"})
+
+
+def test_tools_none_means_no_tools_on_every_command_line():
+    """``--tools none`` is the documented "no tools"; the command line once read it as ``None`` (the
+    env's default tools), so the protocol's no-tool baselines ran with ``image_zoom_in``."""
+    from eval.run import parse, parse_tools
+    from train import evaluate, grpo, sft
+    from train.common import parse_args, tool_config
+
+    for cls in (sft.Args, grpo.Args, evaluate.Args):
+        given = parse_args(cls, ["--tools", "none"]) if cls is not evaluate.Args else \
+            parse_args(cls, ["--policy", "p", "--out", "o", "--tools", "none"])
+        assert tool_config(given.tools) == {}, cls
+    _, config = parse(["--agent", "prior", "--dataset", "embedded", "--out", "x", "--tools", "none"])
+    assert parse_tools(config.tools) == {}
+    assert parse_args(sft.Args, []).tools is None  # not given: the env's default tools

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medvqa_env.cli import run_cli
+from medvqa_env.cli import NONE_IS_A_VALUE, run_cli
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Args:
     """dataset name"""
     dataset_opt: list[str] = field(default_factory=list)
     """loader option ``key=value`` (repeatable)"""
-    tools: str | None = None
+    tools: str | None = field(default=None, metadata={NONE_IS_A_VALUE: True})
     """tools, as the trainers take them (default: the env's)"""
     tool_opt: list[str] = field(default_factory=list)
     """tool option ``tool.key=value`` (repeatable)"""

@@ -26,7 +26,7 @@ import torch
 from train.algorithms import (AdvantageInput, LossInput, compute_advantages, dynamic_sampling_keep,
                               get_algorithm, grasp_sft_weight, group_stats, overlong_penalty, policy_loss)
 from train.batching import from_trajectory, gold_answer_sequence, micro_batches, pad_batch, response_logprobs
-from medvqa_env.cli import run_cli
+from medvqa_env.cli import NONE_IS_A_VALUE, run_cli
 from medvqa_env.errors import ConfigError
 from train.checkpoint import (checkpoint_step, latest_checkpoint, load_checkpoint, record_settings, save_checkpoint,
                               trained_settings)
@@ -76,7 +76,7 @@ class Args:
     """held-out split"""
     answer_types: str = "CLOSED,MCQ"
     """which questions to train and evaluate on (rule rewards for CLOSED/MCQ are instant)"""
-    tools: str | None = None
+    tools: str | None = field(default=None, metadata={NONE_IS_A_VALUE: True})
     """tools: ``a,b=engine,c=http://host:port``, JSON, a config file, ``none``; default: the env's"""
     tool_opt: list[str] = field(default_factory=list)
     """tool option ``tool.key=value`` (repeatable), e.g. ``segment.model=/models/medsam``"""

@@ -34,7 +34,7 @@ from medvqa_env.datasets import load_dataset
 from medvqa_env.records import VQARecord
 from train.algorithms import sft_loss
 from train.batching import from_trajectory, micro_batches, pad_batch, response_logprobs
-from medvqa_env.cli import run_cli
+from medvqa_env.cli import NONE_IS_A_VALUE, run_cli
 from medvqa_env.config import parse_options
 from medvqa_env.errors import ConfigError
 from train.checkpoint import (checkpoint_step, latest_checkpoint, load_checkpoint, record_settings, save_checkpoint,
@@ -81,7 +81,7 @@ class Args:
     """held-out split"""
     answer_types: str = "CLOSED,MCQ"
     """question types to use"""
-    tools: str | None = None
+    tools: str | None = field(default=None, metadata={NONE_IS_A_VALUE: True})
     """tools: ``a,b=engine,c=http://host:port``, JSON, a config file, ``none``; default: the env's"""
     tool_opt: list[str] = field(default_factory=list)
     """tool option ``tool.key=value`` (repeatable)"""

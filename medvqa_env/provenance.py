@@ -144,3 +144,47 @@ def write_skipped(dataset: Any, run_dir: str | Path) -> Path | None:
                            for row in prov.skipped), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+# ---- artefacts named by their content ---------------------------------------------------------
+def content_sha256(path: str | Path, exclude: tuple[str, ...] = ()) -> str:
+    """SHA-256 of a file's bytes, or of a folder's files (their paths relative to it, sorted, and
+    their bytes; names in ``exclude`` and dot-files left out): the same content gives the same
+    digest wherever it lies.
+
+    >>> import tempfile; a, b = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+    >>> _ = (a / "w.bin").write_bytes(b"1"), (b / "w.bin").write_bytes(b"1")
+    >>> content_sha256(a) == content_sha256(b), content_sha256(a)[:8]
+    (True, 'd8780f63')
+    >>> _ = (b / "w.bin").write_bytes(b"2"); content_sha256(a) == content_sha256(b)
+    False
+    """
+    import hashlib
+
+    path = Path(path)
+    h = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in exclude
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    for f in files:
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" + content_sha256(f).encode() + b"\n")
+    return h.hexdigest()
+
+
+def records_sha256(records: Any) -> str:
+    """SHA-256 of the records a run used, by content: every field but the image paths, which count by
+    their files' bytes (so the same data in another folder, or on another machine, has the same digest)."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    images: dict[str, str] = {}
+    for r in records:
+        data = r.to_dict()
+        data["image_paths"] = [images.setdefault(p, content_sha256(p)) for p in data["image_paths"]]
+        h.update(json.dumps(data, sort_keys=True, default=str).encode() + b"\n")
+    return h.hexdigest()

@@ -1,11 +1,11 @@
-"""The learning proofs' figures, read from their committed run data (``docs/training_runs/``).
+"""The learning proofs' figures, read from their committed run data (``benchmarks/runs/``).
 
-Nothing trains here: the runs are made by ``docs/training_runs/exp3/closed.sh`` (CLOSED, rule
-reward) and ``docs/training_runs/open/open.sh`` (OPEN, ARMed), and their ``metrics.jsonl`` files
+Nothing trains here: the runs are made by ``benchmarks/runs/exp3/closed.sh`` (CLOSED, rule
+reward) and ``benchmarks/runs/open/open.sh`` (OPEN, ARMed), and their ``metrics.jsonl`` files
 are committed beside the scripts. This script turns them into named figures
 (``benchmarks/results/learning.json``) so that every number ``docs/training.md`` and the README
 quote about learning comes from the run files, and ``tests/test_doc_figures.py`` catches drift.
-The same goes for verl's trainer on CPU beside the native one (``docs/training_runs/verl_cpu/``,
+The same goes for verl's trainer on CPU beside the native one (``benchmarks/runs/verl_cpu/``,
 quoted in ``docs/verl.md``): held-out curves from both, the training-side figures of the CLOSED
 verl runs and of the 15-step OPEN one (grad norm, KL loss, rollout/actor probability gap, sampled
 score, step time) from verl's ``metrics.jsonl``, and for that OPEN run its held-out answers and the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from figures import ROOT, command_line, record, results_dir_arg
 
-RUNS = ROOT / "docs" / "training_runs"
+RUNS = ROOT / "benchmarks" / "runs"
 # (name in the figures, run folder, held-out metric that says "learned", what the setting is)
 SETTINGS = [
     ("closed", "exp3", "eval/accuracy", "CLOSED, rule reward ±1, `ground=oracle`"),
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, folder, key, what in SETTINGS:
         f = summarise(name, folder, key)
         figures.update(f)
-        rows.append(f"| {what} (`docs/training_runs/{folder}`) | {f[name + '.seeds']} | `{key}` | "
+        rows.append(f"| {what} (`benchmarks/runs/{folder}`) | {f[name + '.seeds']} | `{key}` | "
                     f"{f[name + '.metric.start']:.3f} | {f[name + '.metric.end_mean']:.3f} ± "
                     f"{f[name + '.metric.end_sd']:.3f} | {f[name + '.metric.end_seeds']} | {f[name + '.learned']} |")
     if (RUNS / VERL_VS_NATIVE[1] / "verl").is_dir():
@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> None:
     section = "\n".join([
         "## Learning (from the committed run data)", "",
         "Held-out (greedy) metric at step 0 and at the last step of each GRPO seed; a seed *learned* when",
-        f"it ends more than {LEARNED_BY} above the start. Scripts: `docs/training_runs/exp3/closed.sh`,",
-        "`docs/training_runs/open/open.sh`; discussion in `docs/training.md`.", "", *rows, ""])
+        f"it ends more than {LEARNED_BY} above the start. Scripts: `benchmarks/runs/exp3/closed.sh`,",
+        "`benchmarks/runs/open/open.sh`; discussion in `docs/training.md`.", "", *rows, ""])
     record("learning", section, figures, command_line("bench_learning.py", argv),
            results_dir_arg(args.quick, args.results))
 

@@ -1,8 +1,8 @@
-"""The early learning runs' figures, read from their committed run data (``docs/training_runs/``).
+"""The early learning runs' figures, read from their committed run data (``benchmarks/runs/``).
 
 Nothing trains here. Experiments 1 and 2 (CLOSED questions, rule reward, before the objective fix
-of issue 10; ``docs/training_runs/exp1``, ``exp2``: an SFT run and GRPO/GRASP seeds each) and the
-short SmolLM2-135M run (``docs/training_runs/smollm2``: SFT, then one GRPO seed) were trained once
+of issue 10; ``benchmarks/runs/exp1``, ``exp2``: an SFT run and GRPO/GRASP seeds each) and the
+short SmolLM2-135M run (``benchmarks/runs/smollm2``: SFT, then one GRPO seed) were trained once
 and their ``metrics.jsonl`` files committed. This script turns them into named figures
 (``benchmarks/results/learning_early.json``) so that every number ``docs/training.md`` quotes about
 them comes from the run files, and ``tests/test_doc_figures.py`` catches drift. The figures of the
@@ -177,13 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     section = "\n".join([
         "## Learning before the objective fix, and SmolLM2 (from the committed run data)", "",
         "CLOSED questions, rule reward, `tiny-qwen2-vl`, before issue 10's objective fix "
-        "(`docs/training_runs/exp1`, `docs/training_runs/exp2`); held-out (greedy) accuracy and reward at step 0 and "
+        "(`benchmarks/runs/exp1`, `benchmarks/runs/exp2`); held-out (greedy) accuracy and reward at step 0 and "
         f"at the last step; ± is the sample std over seeds; a seed *learned* when its accuracy ends more than "
         f"{LEARNED_BY} "
         "above its start; wall is the trainer's `time/wall_s`. Discussion in `docs/training.md`.", "",
         "Experiment 1 (SFT that never calls the tool):", "", figures["exp1.table"], "",
         "Experiment 2 (SFT that leaves RL a choice):", "", figures["exp2.table"], "",
-        f"SmolLM2-135M (`docs/training_runs/smollm2`): SFT {g['sft.steps']} steps, held-out accuracy "
+        f"SmolLM2-135M (`benchmarks/runs/smollm2`): SFT {g['sft.steps']} steps, held-out accuracy "
         f"{g['sft.acc.start']:.3f} → {g['sft.acc.end']:.3f}, {g['sft.wall_s']:.0f} s wall; GRPO {g['grpo.steps']} "
         f"steps, held-out accuracy {g['grpo.eval0.acc']:.3f} → {g['grpo.eval' + str(g['grpo.steps']) + '.acc']:.3f}, "
         f"{g['grpo.wall_s']:.0f} s wall.", ""])

@@ -1,6 +1,6 @@
 """The learning protocol's figures (issue 19), re-derived from its committed run files.
 
-Nothing trains here. ``python -m train.protocol ... --export docs/training_runs/protocol/<setting>``
+Nothing trains here. ``python -m train.protocol ... --export benchmarks/runs/protocol/<setting>``
 made the runs and copied their small files (each run's ``args.json``, ``metrics.jsonl``,
 ``heldout_answers.jsonl``, the warm-start choice, the runs' CPU seconds, the answer baselines).
 This script recomputes the protocol's report from those files (:func:`train.protocol.report`),
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from figures import ROOT, command_line, record, results_dir_arg
 
-RUNS = ROOT / "docs" / "training_runs" / "protocol"
+RUNS = ROOT / "benchmarks" / "runs" / "protocol"
 ROWS = [  # (row name in protocol.json, what the table calls it)
     ("grpo", "**GRPO** from the val-chosen warm start"),
     ("warm_start", "warm start alone (SFT checkpoint chosen on val)"),
@@ -60,26 +60,37 @@ PRESENCE = re.compile(r"Is there a lesion in the (.+)\?")
 FOUND_LABEL = re.compile(r"\(([^(),]+), score [0-9.]+\)")
 
 
-def reading_rules(folder: Path, runs: list[str]) -> dict[str, float]:
+def reading_rules(folder: Path, runs: list[str], args) -> dict[str, float]:
     """How the final policies read the tool on presence questions ("Is there a lesion in the X?"),
-    from the stored answers and the tool's recorded outputs (``tool_outputs.jsonl``): the accuracy
-    of two readings -- *any*: yes iff the tool found anything; *host*: yes iff a box names the
-    organ asked about -- and how often each run's answers agree with each."""
-    from train.protocol import read_jsonl
+    from the stored answers and the tool's recorded outputs (``tool_outputs_b<build>.jsonl``: what
+    each tool build said): the accuracy of two readings -- *any*: yes iff the tool found anything;
+    *host*: yes iff a box names the organ asked about -- per build and averaged over the builds, and
+    how often each run's answers agree with each reading of its own build's outputs."""
+    from train.protocol import build_of, builds_of, read_jsonl, tool_outputs_path
 
-    tool = {r["record_id"]: r for r in read_jsonl(folder / "tool_outputs.jsonl") if PRESENCE.match(r["question"])}
-    if not tool:
+    rules_of: dict[int, dict] = {}
+    for build in builds_of(args):
+        tool = {r["record_id"]: r for r in read_jsonl(tool_outputs_path(folder, build)) if PRESENCE.match(r["question"])}
+        rules = {}
+        for rid, r in tool.items():
+            labels = FOUND_LABEL.findall(r["observation"])
+            host = PRESENCE.match(r["question"]).group(1)
+            rules[rid] = {"any": "yes" if labels else "no", "host": "yes" if f"{host} lesion" in labels else "no",
+                          "gold": r["gold"]}
+        if rules:
+            rules_of[build] = rules
+    if not rules_of:
         return {}
-    rules = {}
-    for rid, r in tool.items():
-        labels = FOUND_LABEL.findall(r["observation"])
-        host = PRESENCE.match(r["question"]).group(1)
-        rules[rid] = {"any": "yes" if labels else "no", "host": "yes" if f"{host} lesion" in labels else "no",
-                      "gold": r["gold"]}
-    fig: dict[str, float] = {"questions": len(rules)}
+    fig: dict[str, float] = {"questions": len(next(iter(rules_of.values())))}
     for rule in ("any", "host"):
-        fig[f"{rule}.accuracy"] = sum(v[rule] == v["gold"] for v in rules.values()) / len(rules)
+        per_build = {b: sum(v[rule] == v["gold"] for v in rules.values()) / len(rules) for b, rules in rules_of.items()}
+        fig[f"{rule}.accuracy"] = sum(per_build.values()) / len(per_build)
+        if len(per_build) > 1:
+            fig.update({f"b{b}.{rule}.accuracy": acc for b, acc in per_build.items()})
     for run in runs:
+        rules = rules_of.get(build_of(args, int(run.rsplit("_s", 1)[1])))
+        if rules is None:
+            continue
         metrics = [r for r in read_jsonl(folder / run / "metrics.jsonl") if "eval/accuracy" in r]
         last = metrics[-1]["step"]
         answers = {r["record_id"]: (r["answer"] or "").strip().lower()
@@ -96,10 +107,10 @@ def _cell(row: dict, name: str, fmt: str = ".3f") -> str:
 
 def setting(folder: Path) -> tuple[dict, str]:
     """Figures and the Markdown table of one protocol run folder."""
-    from train.protocol import Args, report
+    from train.protocol import choose_warm_start, recorded_args, report
 
     saved = json.loads((folder / "protocol.json").read_text())
-    args = Args(**{**saved["args"], "out": str(folder)})
+    args = recorded_args(saved["args"], folder)
     result = report(args, folder)  # recomputed from the run files, not read back
     key = result["metric"]
     checked, questions = 0, set()
@@ -112,26 +123,44 @@ def setting(folder: Path) -> tuple[dict, str]:
     warm = result["warm_start"]
     val = {int(step): v for step, v in warm["val_by_step"].items()}  # JSON keys are strings
     fig: dict = {"metric": key, "beats_every_baseline": int(result["beats_every_baseline"]),
-                 "checked_runs": checked, "questions": questions.pop() if questions else 0, "warm_start.step": warm["chosen_step"], "warm_start.val": val[warm["chosen_step"]],
+                 "checked_runs": checked, "questions": questions.pop() if questions else 0,
+                 "tool_builds": result["tool_builds"], "warm_start.step": warm["chosen_step"],
+                 "warm_start.val": val[warm["chosen_step"]],
                  "warm_start.val_steps": ", ".join(f"{s}: {v:.3f}" for s, v in sorted(val.items()))}
-    lines = ["| run | seeds | held-out " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")
-             + ": mean ± sample SD [95% CI] | per seed | distinct answers | greedy tool calls / ep | "
-             "drop, blank image | drop, shuffled image | CPU min / run |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    for build, choice in sorted(result["warm_starts"].items()):
+        picked = choose_warm_start({int(s): v for s, v in choice["val_by_step"].items()}, args.val_size)
+        fig[f"warm_start.b{build}.step"] = picked["chosen_step"]
+        fig[f"warm_start.b{build}.within_noise"] = int(picked["within_noise"])
+    fig["warm_start.within_noise_all"] = int(all(fig[f"warm_start.b{b}.within_noise"] for b in result["warm_starts"]))
+    identity = saved.get("identity") or {}
+    if identity:  # what the figures depend on, by content (recorded by the protocol's report stage)
+        fig["identity.git_commit"] = identity["code"]["git_commit"]
+        fig["identity.git_dirty"] = int(bool(identity["code"]["git_dirty"]))
+        for name, builds in identity["tools"].items():
+            for build, tool in builds.items():
+                fig[f"identity.tools.{name}.b{build}"] = tool["sha256"][:12]
+    lines = ["| run | seeds (tool builds) | held-out " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")
+             + ": mean ± sample SD [95% CI] | per seed | distinct answers min / median / max | greedy tool calls / ep | "
+             "drop, blank image (policy and tools) | drop, blank for the policy only | drop, shuffled image | "
+             "CPU min / run |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, label in ROWS:
         row = result["rows"].get(name)
         if row is None:
             continue
         per = list(row["per_seed"].values())
         for k in ("mean", "sd", "ci_low", "ci_high", "seeds"):
-            if k in row:
+            if k in row and row[k] == row[k]:  # one seed (or one build) has no SD: nothing is recorded
                 fig[f"{name}.{k}"] = row[k]
-        fig[f"{name}.distinct"] = max(p.get("distinct_answers") or 0 for p in per)
+        distinct = sorted(p.get("distinct_answers") or 0 for p in per)
+        fig[f"{name}.distinct"] = distinct[-1]  # the most over seeds; min and median beside it
+        fig[f"{name}.distinct_min"], fig[f"{name}.distinct_median"] = distinct[0], row.get(
+            "distinct_answers_median", distinct[len(distinct) // 2])
         fig[f"{name}.calls"] = sum(p.get("greedy_tool_calls") or 0 for p in per) / len(per)
         shares = [p["top_answer_share"] for p in per if p.get("top_answer_share") is not None]
         if shares:  # how much of the held-out set the most common answer takes (1.0: a constant)
             fig[f"{name}.top_share_max"] = max(shares)
-        for mode in ("blank", "shuffle"):
+        for mode in ("blank", "blank_policy", "shuffle"):
             drops = [p[f"{mode}_drop"] for p in per if p.get(f"{mode}_drop") is not None]
             if drops:
                 fig[f"{name}.{mode}_drop"] = sum(drops) / len(drops)
@@ -146,16 +175,22 @@ def setting(folder: Path) -> tuple[dict, str]:
         spread = (f"{row['mean']:.3f} ± {row['sd']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
                   if row.get("sd") == row.get("sd") and "sd" in row else f"{row['mean']:.3f}")
         seeds = ", ".join(f"{p['metric']:.3f}" for p in per) if len(per) > 1 else "–"
-        lines.append(f"| {label} | {row['seeds']} | {spread} | {seeds} | {fig[f'{name}.distinct']:.0f} | "
+        builds = f" ({row['tool_builds']})" if row.get("tool_builds") else ""
+        lines.append(f"| {label} | {row['seeds']}{builds} | {spread} | {seeds} | "
+                     f"{fig[f'{name}.distinct_min']:.0f} / {fig[f'{name}.distinct_median']:.0f} / {fig[f'{name}.distinct']:.0f} | "
                      f"{fig[f'{name}.calls']:.2f} | {_cell(fig, f'{name}.blank_drop', '+.3f')} | "
+                     f"{_cell(fig, f'{name}.blank_policy_drop', '+.3f')} | "
                      f"{_cell(fig, f'{name}.shuffle_drop', '+.3f')} | {_cell(fig, f'{name}.cpu_min_max', '.1f')} |")
     for name, diff in result["grpo_minus"].items():
         for k in ("difference", "ci_low", "ci_high"):
             fig[f"grpo_minus.{name}.{k}"] = diff[k]
         fig[f"grpo_minus.{name}.beats"] = int(diff["beats"])
+        if "paired" in diff:  # seed k against seed k: the same tool build
+            for k in ("difference", "ci_low", "ci_high", "pairs"):
+                fig[f"grpo_minus.{name}.paired.{k}"] = diff["paired"][k]
     read_by = {name: [f"{name}_s{seed}" for seed in result["rows"].get(name, {}).get("per_seed", {})]
                for name in ("grpo", "tool_sft")}  # the rows whose policies call the tool
-    reading = reading_rules(folder, [run for runs in read_by.values() for run in runs])
+    reading = reading_rules(folder, [run for runs in read_by.values() for run in runs], args)
     fig.update({f"reading.{k}": v for k, v in reading.items()})
     for name, runs in read_by.items():
         if not (reading and runs):

@@ -1,10 +1,10 @@
 """verl's trainer with the vision policy on CPU: the figures ``docs/verl.md`` quotes, read from the
-committed run files (``docs/training_runs/verl_cpu/vision/``).
+committed run files (``benchmarks/runs/verl_cpu/vision/``).
 
 Nothing trains here, as in ``bench_learning.py``: the runs are the two of the CI test
 ``tests/train/test_verl_trainer_cpu.py`` (a prompted-zoom run on OPEN questions with ARMed, and a run
 where the tiny Qwen2-VL writes its own tool calls on CLOSED ones), kept by
-``docs/training_runs/verl_cpu/vision/run.sh`` with verl's ``metrics.jsonl``, the env's episode log and
+``benchmarks/runs/verl_cpu/vision/run.sh`` with verl's ``metrics.jsonl``, the env's episode log and
 the vision trace (``train/verl_integration/vision_trace.py``: the pixel digests each vision tower
 read, in vLLM and in verl's FSDP actor). This script turns them into named figures
 (``benchmarks/results/verl_vision.json``) so that ``tests/test_doc_figures.py`` catches drift.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from figures import ROOT, command_line, record, results_dir_arg
 
-RUNS = ROOT / "docs" / "training_runs" / "verl_cpu" / "vision"
+RUNS = ROOT / "benchmarks" / "runs" / "verl_cpu" / "vision"
 KINDS = {"scripted": "prompted zoom, OPEN, ARMed", "own_calls": "the policy's own, CLOSED, rule reward"}
 
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     section = "\n".join([
         "## verl's trainer with the vision policy (from the committed run data)", "",
         "The CI test's two runs (`tests/train/test_verl_trainer_cpu.py`), kept by",
-        "`docs/training_runs/verl_cpu/vision/run.sh`; discussion in `docs/verl.md`.", "", *rows, ""])
+        "`benchmarks/runs/verl_cpu/vision/run.sh`; discussion in `docs/verl.md`.", "", *rows, ""])
     record("verl_vision", section, figures, command_line("bench_verl_vision.py", argv),
            results_dir_arg(args.quick, args.results))
 

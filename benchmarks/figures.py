@@ -230,10 +230,10 @@ PATH_IN_DOC = re.compile(r"(?<![\w/.\-])((?:%s)/[\w./\-]*[\w\-])" % "|".join(TOP
 
 
 def named_paths(text: str) -> list[str]:
-    """Repository paths a doc names in code spans or links (``tests/x.py``, ``docs/training_runs/``).
+    """Repository paths a doc names in code spans or links (``tests/x.py``, ``benchmarks/runs/``).
 
-    >>> named_paths("`tests/eval/test_cli.py`, [runs](docs/training_runs/), `eval/accuracy`, `tests/test_*.py`, `eval/open/*`")
-    ['tests/eval/test_cli.py', 'docs/training_runs']
+    >>> named_paths("`tests/eval/test_cli.py`, [runs](benchmarks/runs/), `eval/accuracy`, `tests/test_*.py`, `eval/open/*`")
+    ['tests/eval/test_cli.py', 'benchmarks/runs']
     """
     spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"\]\(([^)\s#]+)", text)
     found = []

@@ -1,6 +1,6 @@
 """The learning protocol's "verl" row: its task through verl's own trainer, re-derived from the run files.
 
-``docs/training_runs/protocol/<setting>_verl/run.sh`` ran verl's trainer (vLLM-CPU rollout, FSDP
+``benchmarks/runs/protocol/<setting>_verl/run.sh`` ran verl's trainer (vLLM-CPU rollout, FSDP
 actor) from the native protocol's val-chosen warm start, one run per seed, and kept per seed verl's
 ``metrics.jsonl``, every episode the env played (``episodes/episodes.jsonl.gz``: training rollouts
 and the greedy validation episodes on the protocol's held-out test questions, each with its answer)
@@ -158,7 +158,7 @@ def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[
     per = ", ".join(f"{v:.3f}" for v in values) if len(values) > 1 else "–"
     cells = ["**GRPO through verl's trainer** (same warm start; vLLM-CPU rollout, FSDP actor)", str(len(seeds)),
              spread, per, f"{fig['verl.distinct_answers.max']:.0f}", f"{fig['verl.greedy_tool_calls.mean']:.2f}",
-             "–", "–", f"{max(cpu_min):.1f}"]
+             "–", "–", "–", f"{max(cpu_min):.1f}"]
     lines = ["| seed | held-out accuracy by evaluation step | distinct answers (most common, share) | greedy tool "
              "calls / ep | sampled tool calls / ep: step 1 -> last 5 steps | CPU min | wall min |",
              "|---:|---|---|---:|---|---:|---:|"]

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))  # the project (medvqa_env.cli) when run as a scri
 from figures import RESULTS, format_figure, load_figures, machine, update_docs  # noqa: E402
 
 # Every bench_<topic>.py is a topic (discover()); e.g. vqarad_baselines (docs/evaluation.md's VQA-RAD tables) and
-# learning / learning_early (docs/training.md's figures, derived from docs/training_runs/).
+# learning / learning_early (docs/training.md's figures, derived from benchmarks/runs/).
 ORDER = ["env", "tools", "rewards", "eval", "train", "load"]  # the data flow; others follow alphabetically
 NOT_RUN_HERE = {"soak": "python benchmarks/soak.py --minutes 5 --fault-every 20"}
 

@@ -1,7 +1,7 @@
 """Held-out curves of verl's trainer (on CPU) beside the native trainer's, on the same task.
 
     python scripts/plot_verl_vs_native.py --verl RUN_DIR [--verl ...] --native RUN_DIR [--native ...] \
-        --out docs/img/verl_vs_native.png --table docs/training_runs/verl_cpu/summary.md
+        --out docs/img/verl_vs_native.png --table benchmarks/runs/verl_cpu/summary.md
 
 verl side: the validation episodes of ``<run>/episodes/*.jsonl`` (``medvqa.episode_log_dir``; what
 the env computed, greedy, on the held-out parquet), per ``global_steps``: accuracy (the env's

@@ -115,12 +115,12 @@ def test_every_benchmark_takes_quick():
 
 
 def test_paths_in_docs_are_found_in_code_spans_and_links_only():
-    text = "Run `tests/eval/test_nope.py` (see [data](docs/training_runs/)); eval/accuracy, `tests/test_*.py`"
-    assert figures.named_paths(text) == ["tests/eval/test_nope.py", "docs/training_runs"]
+    text = "Run `tests/eval/test_nope.py` (see [data](benchmarks/runs/)); eval/accuracy, `tests/test_*.py`"
+    assert figures.named_paths(text) == ["tests/eval/test_nope.py", "benchmarks/runs"]
 
 
 def test_learning_figures_are_what_the_committed_run_files_say(tmp_path, monkeypatch):
-    """``benchmarks/results/learning.json`` is derived from ``docs/training_runs/``: a run file
+    """``benchmarks/results/learning.json`` is derived from ``benchmarks/runs/``: a run file
     changed without rerunning ``bench_learning.py`` (or a hand-edited figure) fails here."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "benchmarks" / "bench_learning.py")
@@ -136,7 +136,7 @@ def test_the_verl_closed_figures_are_what_verls_run_files_say():
     """Spot checks of ``learning.verl_closed.*`` (docs/verl.md's CLOSED comparison), read straight from
     the committed verl and native run files, independent of ``bench_learning.py``'s helpers."""
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
-    runs = ROOT / "docs" / "training_runs" / "verl_cpu"
+    runs = ROOT / "benchmarks" / "runs" / "verl_cpu"
     for start in ("sft1", "sft2"):
         rows = [json.loads(line) for line in (runs / start / "verl" / "metrics.jsonl").read_text().splitlines()]
         train = [r["data"] for r in rows if "actor/grad_norm" in r["data"]]
@@ -164,7 +164,7 @@ def test_the_verl_open_figures_are_what_verls_run_files_say():
     sampled tool calls quoted in docs/training.md, read straight from the committed run files,
     independent of ``bench_learning.py``'s helpers."""
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["figures"]
-    run = ROOT / "docs" / "training_runs" / "verl_cpu" / "open"
+    run = ROOT / "benchmarks" / "runs" / "verl_cpu" / "open"
     rows = [json.loads(line) for line in (run / "verl" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "actor/grad_norm" in r["data"]]
     key = "verl_open_sft40.verl."
@@ -193,7 +193,7 @@ def test_the_verl_open_figures_are_what_verls_run_files_say():
     sft = (run / "sft" / "metrics.jsonl").read_text().splitlines()
     assert recorded["verl_open_sft40.sft.steps"] == json.loads(sft[-1])["step"]
     assert "| verl on CPU | 0.140 -> 0.140 -> 0.140 -> 0.140 |" in recorded["verl_open_sft40.table"]
-    seeds = sorted((ROOT / "docs" / "training_runs" / "open" / "classical").glob("grpo_s*/metrics.jsonl"))
+    seeds = sorted((ROOT / "benchmarks" / "runs" / "open" / "classical").glob("grpo_s*/metrics.jsonl"))
     calls = [[json.loads(line)["tools/calls_per_episode"] for line in p.read_text().splitlines()
               if "tools/calls_per_episode" in line] for p in seeds]
     assert recorded["open_classical.sampled_calls.first"] == pytest.approx(sum(c[0] for c in calls) / len(calls))
@@ -210,14 +210,14 @@ def _bench_module(name: str, monkeypatch):
 
 def test_early_learning_figures_are_what_the_committed_run_files_say(tmp_path, monkeypatch):
     """``benchmarks/results/learning_early.json`` (experiments 1 and 2, SmolLM2: what
-    ``docs/training.md`` quotes about them) is derived from ``docs/training_runs/exp1``, ``exp2`` and
+    ``docs/training.md`` quotes about them) is derived from ``benchmarks/runs/exp1``, ``exp2`` and
     ``smollm2``: a changed run file or a hand-edited figure fails here."""
     _bench_module("bench_learning_early", monkeypatch).main(["--results", str(tmp_path)])
     fresh = json.loads((tmp_path / "learning_early.json").read_text())["figures"]
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_early.json").read_text())["figures"]
     assert fresh == recorded
     # spot checks read straight from the run files, independent of the script's helpers
-    runs = ROOT / "docs" / "training_runs"
+    runs = ROOT / "benchmarks" / "runs"
     ends = []
     for path in sorted((runs / "exp2").glob("grpo_s*/metrics.jsonl")):
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT / "docs" / "training_runs" / "protocol" / "closed_verl"
+RUNS = ROOT / "benchmarks" / "runs" / "protocol" / "closed_verl"
 
 
 @pytest.fixture()

@@ -2,13 +2,21 @@
 
 One command runs the whole comparison, resumably, and writes what a reader needs to check it:
 
-1. **Warm start, chosen on val.** One SFT run on gold trajectories (``train.sft``), evaluated on
-   the *val* split at every saved checkpoint; the checkpoint with the best val metric (accuracy for
-   CLOSED/MCQ, ARMed Avg for OPEN; ties go to the later step) is the warm start. The test split is
-   never looked at to choose anything.
+0. **Tool builds.** A trained tool (``engine: trained``) is a random draw too: seed ``k`` of every
+   row runs with build ``k mod tool_builds`` of each trained tool (its ``seed`` option), so the
+   rows' intervals cover the tools' training as well as the policy's, and GRPO seed ``k`` and
+   baseline seed ``k`` still share their tools (a paired comparison). Each build is named by the
+   SHA-256 of its folder in the report's ``identity`` block, with the data, the warm starts and
+   the commit.
+1. **Warm start, chosen on val.** Per tool build, one SFT run on gold trajectories
+   (``train.sft``), evaluated on the *val* split at every saved checkpoint; the checkpoint with the
+   best val metric (accuracy for CLOSED/MCQ, ARMed Avg for OPEN; ties go to the later step) is that
+   build's warm start, and the record says whether the choice stood out of the val noise. The test
+   split is never looked at to choose anything.
 2. **GRPO** (``train.grpo``) from that warm start, one run per seed (>= 5), held-out evaluation on
-   the test split every few steps, images ablated (blank, shuffled) at the end.
-3. **Baselines, same protocol, same seeds, same held-out questions**:
+   the test split every few steps, images ablated at the end (``blank``: for the policy and the
+   tools; ``blank_policy``: for the policy only, the tools see the real image; ``shuffle``).
+3. **Baselines, same protocol, same seeds, same tool builds, same held-out questions**:
    ``more_sft`` (the warm start trained on with its own SFT recipe for as many steps as GRPO took),
    ``tool_sft`` (SFT from scratch, every gold trajectory calling the tool, warm-start + GRPO steps),
    ``notool_sft`` (SFT from scratch with no tools at all, the same steps), ``question_prior`` (the
@@ -17,15 +25,16 @@ One command runs the whole comparison, resumably, and writes what a reader needs
 4. **Report** (``protocol.json``): per row and seed the final held-out metric, distinct answers and
    their entropy (a constant answer shows), greedy tool calls, the image-ablation drop and the run's
    CPU seconds; per row the mean, the *sample* SD and a 95% t-interval; for GRPO against each
-   baseline the difference of means with a Welch 95% interval. Every held-out answer of every run
-   is stored (``heldout_answers.jsonl``), and GRPO's tool calls are the policy's own, sampled.
+   baseline the difference of means with a Welch 95% interval and, where the seeds pair up (same
+   tool build), the paired one, which decides the verdict. Every held-out answer of every run is
+   stored (``heldout_answers.jsonl``), and GRPO's tool calls are the policy's own, sampled.
 
 Each run is a subprocess whose CPU seconds (its own and its children's) are recorded in
 ``runs.jsonl``; a finished run is skipped on a rerun, so a killed protocol resumes. ``--export DIR``
 copies the small run files (args, metrics, answers, no weights) into ``DIR`` for committing::
 
     python -m train.protocol --out runs/protocol/closed --answer-types CLOSED --tools ground=trained \\
-        --export docs/training_runs/protocol/closed
+        --export benchmarks/runs/protocol/closed
 """
 
 from __future__ import annotations
@@ -109,8 +118,10 @@ class Args:
     """sequences per forward/backward"""
     eval_every: int = 5
     """held-out evaluation every k GRPO steps"""
-    ablations: str = "blank,shuffle"
-    """image ablations evaluated on every final policy"""
+    ablations: str = "blank,blank_policy,shuffle"
+    """image ablations evaluated on every final policy (``blank_policy``: the tools see the real image)"""
+    tool_builds: int = 3
+    """distinct builds of each trained tool: seed k runs with build k mod tool_builds (1: one build)"""
     baselines: str = "more_sft,tool_sft,notool_sft,question_prior,constant"
     """which baselines to run"""
     demo_prompt: bool = True
@@ -144,9 +155,34 @@ def metric_key(answer_types: str) -> str:
     return "eval/open/armed_avg" if {t.strip().upper() for t in answer_types.split(",")} == {"OPEN"} else "eval/accuracy"
 
 
-def _common(args: Args, tools: str | None = None) -> list[str]:
+def trained_tools(args: Args) -> dict[str, dict[str, Any]]:
+    """The protocol's tools whose engine is ``trained``, with their configs."""
+    from tool_backends.config import load_tool_config
+
+    config = load_tool_config(args.tools) or {}
+    return {name: dict(spec) for name, spec in config.items() if isinstance(spec, dict) and spec.get("engine") == "trained"}
+
+
+def build_of(args: Args, seed: int) -> int:
+    """The tool build seed ``seed`` runs with: ``seed mod tool_builds``; 0 when no tool is trained.
+
+    >>> a = Args(tool_builds=3)
+    >>> [build_of(a, s) for s in range(5)], build_of(Args(tools="ground=oracle"), 4)
+    ([0, 1, 2, 0, 1], 0)
+    """
+    return seed % max(1, args.tool_builds) if trained_tools(args) else 0
+
+
+def builds_of(args: Args) -> list[int]:
+    return sorted({build_of(args, s) for s in seeds_of(args)})
+
+
+def _common(args: Args, tools: str | None = None, build: int = 0) -> list[str]:
     argv = ["--dataset", args.dataset, "--answer_types", args.answer_types, "--max_turns", str(args.max_turns),
             "--max_new_tokens", str(args.max_new_tokens), "--tools", args.tools if tools is None else tools]
+    if tools is None:  # the protocol's tools: each trained one as this build
+        for name in trained_tools(args):
+            argv += ["--tool-opt", f"{name}.seed={build}"]
     for opt in args.dataset_opt:
         argv += ["--dataset-opt", opt]
     if args.reward:
@@ -197,52 +233,92 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 # ==============================================================================================
 # Stage 1: the warm start, chosen on val
 # ==============================================================================================
-def warm_start(args: Args, out: Path) -> dict[str, Any]:
-    """SFT with a val evaluation at every checkpoint; the best val checkpoint is the warm start."""
+def warm_names(out: Path, build: int) -> tuple[str, str, Path]:
+    """The warm start's SFT run, its test evaluation and its choice file for tool build ``build``
+    (a protocol recorded before tool builds had ``warm_sft``, ``warm_test``, ``warm_start.json``)."""
+    if build == 0 and (out / "warm_start.json").is_file() and not (out / "warm_start_b0.json").is_file():
+        return "warm_sft", "warm_test", out / "warm_start.json"
+    return f"warm_sft_b{build}", f"warm_test_b{build}", out / f"warm_start_b{build}.json"
+
+
+def choose_warm_start(val_by_step: dict[int, float], n_questions: int) -> dict[str, Any]:
+    """The best val checkpoint (ties: the later step), and whether it stands out of the val noise:
+    its lead over the runner-up against two binomial standard errors of the best's val figure.
+
+    >>> c = choose_warm_start({25: 0.50, 50: 0.515, 75: 0.505}, 200)
+    >>> c["chosen_step"], c["lead"], c["within_noise"]
+    (50, 0.01, True)
+    >>> choose_warm_start({25: 0.50, 50: 0.90}, 200)["within_noise"]
+    False
+    """
+    best = max(val_by_step, key=lambda s: (val_by_step[s], s))
+    others = [v for s, v in val_by_step.items() if s != best]
+    p = min(max(val_by_step[best], 0.0), 1.0)
+    se = math.sqrt(p * (1 - p) / max(1, n_questions))
+    lead = round(val_by_step[best] - max(others), 6) if others else None
+    return {"chosen_step": best, "lead": lead, "val_se": se,
+            "within_noise": bool(lead is not None and lead < 2 * se)}
+
+
+def warm_start(args: Args, out: Path, build: int = 0) -> dict[str, Any]:
+    """SFT (seed = the tool build) with a val evaluation at every checkpoint; the best val
+    checkpoint is the warm start of the runs on tool build ``build``."""
     key = metric_key(args.answer_types)
-    argv = ["--policy", args.policy, "--seed", "0", "--steps", str(args.sft_steps), "--batch_size",
+    sft_name, test_name, choice_file = warm_names(out, build)
+    argv = ["--policy", args.policy, "--seed", str(build), "--steps", str(args.sft_steps), "--batch_size",
             str(args.sft_batch_size), "--lr", str(args.sft_lr), "--tool_share", str(args.tool_share),
             "--eval_split", "val", "--eval_size", str(args.val_size), "--eval_every", str(args.sft_save_every),
-            "--save_every", str(args.sft_save_every), "--keep", "0", "--out", str(out / "warm_sft"), *_common(args)]
+            "--save_every", str(args.sft_save_every), "--keep", "0", "--out", str(out / sft_name),
+            *_common(args, build=build)]
     if args.demo_prompt:
         argv.append("--demo-prompt")
-    run(out, "warm_sft", "train.sft", argv)
-    evals = {r["step"]: r[key] for r in read_jsonl(out / "warm_sft" / "metrics.jsonl") if key in r and r["step"] > 0}
-    candidates = {s: v for s, v in evals.items() if (out / "warm_sft" / "checkpoints" / f"step_{s:06d}").is_dir()}
+    run(out, sft_name, "train.sft", argv)
+    ran = json.loads((out / sft_name / "args.json").read_text())["args"]  # what the run evaluated on, not what we meant
+    evals = {r["step"]: r[key] for r in read_jsonl(out / sft_name / "metrics.jsonl") if key in r and r["step"] > 0}
+    candidates = {s: v for s, v in evals.items() if (out / sft_name / "checkpoints" / f"step_{s:06d}").is_dir()}
     if not candidates:
-        raise RuntimeError(f"no SFT checkpoint with a val evaluation under {out / 'warm_sft'}")
-    best = max(candidates, key=lambda s: (candidates[s], s))  # ties: the later step
-    choice = {"metric": key, "split": "val", "val_by_step": candidates, "chosen_step": best,
-              "checkpoint": str(out / "warm_sft" / "checkpoints" / f"step_{best:06d}")}
-    (out / "warm_start.json").write_text(json.dumps(choice, indent=1) + "\n")
-    ev = ["--policy", choice["checkpoint"], "--split", "test", "--eval_size", str(args.eval_size),
-          "--ablations", args.ablations, "--out", str(out / "warm_test" / "eval.json"), *_common(args)]
-    run(out, "warm_test", "train.evaluate", ev)
+        raise RuntimeError(f"no SFT checkpoint with a val evaluation under {out / sft_name}")
+    chosen = choose_warm_start(candidates, int(ran["eval_size"]))
+    choice = {"metric": key, "split": ran["eval_split"], "tool_build": build, "val_by_step": candidates, **chosen,
+              "checkpoint": f"{sft_name}/checkpoints/step_{chosen['chosen_step']:06d}"}  # relative to the protocol folder
+    choice_file.write_text(json.dumps(choice, indent=1) + "\n")
+    ev = ["--policy", str(out / choice["checkpoint"]), "--split", "test", "--eval_size", str(args.eval_size),
+          "--ablations", args.ablations, "--out", str(out / test_name / "eval.json"), *_common(args, build=build)]
+    run(out, test_name, "train.evaluate", ev)
     return choice
+
+
+def warm_checkpoint(out: Path, choice: dict[str, Any]) -> str:
+    """The warm start's folder (choices record it relative to the protocol folder; older ones absolute)."""
+    path = Path(choice["checkpoint"])
+    return str(path if path.is_absolute() else out / path)
 
 
 # ==============================================================================================
 # Stage 2: GRPO over seeds
 # ==============================================================================================
-def grpo_runs(args: Args, out: Path, checkpoint: str) -> None:
+def grpo_runs(args: Args, out: Path, warm: dict[int, dict[str, Any]]) -> None:
     for seed in seeds_of(args):
-        argv = ["--policy", checkpoint, "--seed", str(seed), "--algo", "grpo", "--steps", str(args.grpo_steps),
+        build = build_of(args, seed)
+        argv = ["--policy", warm_checkpoint(out, warm[build]), "--seed", str(seed), "--algo", "grpo", "--steps", str(args.grpo_steps),
                 "--prompts_per_step", str(args.prompts_per_step), "--group_size", str(args.group_size),
                 "--lr", str(args.grpo_lr), "--temperature", str(args.temperature), "--micro_batch",
                 str(args.micro_batch), "--eval_split", "test", "--eval_size", str(args.eval_size), "--eval_every",
                 str(args.eval_every), "--eval_ablations", args.ablations, "--save_every", str(args.grpo_steps),
-                "--keep", "1", "--tensorboard", "false", "--out", str(out / f"grpo_s{seed}"), *_common(args)]
+                "--keep", "1", "--tensorboard", "false", "--out", str(out / f"grpo_s{seed}"),
+                *_common(args, build=build)]
         run(out, f"grpo_s{seed}", "train.grpo", argv)
 
 
 # ==============================================================================================
 # Stage 3: baselines from the same protocol
 # ==============================================================================================
-def sft_baseline(args: Args, out: Path, name: str, seed: int, checkpoint: str) -> None:
+def sft_baseline(args: Args, out: Path, name: str, seed: int, warm: dict[int, dict[str, Any]]) -> None:
     """``more_sft``: the warm start, trained on by its recipe for the GRPO steps; ``tool_sft`` /
     ``notool_sft``: from scratch for warm-start + GRPO steps, every trajectory calling the tool /
     no tools in the env."""
     total = args.sft_steps + args.grpo_steps
+    checkpoint = warm_checkpoint(out, warm[build_of(args, seed)]) if name == "more_sft" else ""
     recipe = {"more_sft": (checkpoint, args.grpo_steps, args.tool_share, None),
               "tool_sft": (args.policy, total, 1.0, None),
               "notool_sft": (args.policy, total, 0.0, "none")}
@@ -250,7 +326,7 @@ def sft_baseline(args: Args, out: Path, name: str, seed: int, checkpoint: str) -
     argv = ["--policy", policy, "--seed", str(seed), "--steps", str(steps), "--batch_size", str(args.sft_batch_size),
             "--lr", str(args.sft_lr), "--tool_share", str(share), "--eval_split", "test", "--eval_size",
             str(args.eval_size), "--eval_every", "0", "--eval_ablations", args.ablations, "--save_every", str(steps),
-            "--keep", "1", "--out", str(out / f"{name}_s{seed}"), *_common(args, tools)]
+            "--keep", "1", "--out", str(out / f"{name}_s{seed}"), *_common(args, tools, build_of(args, seed))]
     if name == "notool_sft":
         argv += ["--system_prompt", NO_TOOL_PROMPT]
     elif args.demo_prompt and name != "more_sft":  # more_sft keeps the warm start's saved prompt
@@ -293,12 +369,20 @@ def answer_baselines(args: Args, out: Path) -> dict[str, Any]:
     return result
 
 
-def tool_outputs(args: Args, out: Path) -> Path:
-    """What the tool says on each held-out question when called the way the gold trajectories call
-    it (``train.sft.gold_tool_call``), recorded once through the env: with the stored answers it
-    shows *how* a policy reads its tool (e.g. "yes iff anything was found" against "yes iff the
-    asked-about organ was found"), which accuracy alone cannot."""
-    path = out / "tool_outputs.jsonl"
+def tool_outputs_path(out: Path, build: int) -> Path:
+    """Where :func:`tool_outputs` records build ``build`` (``tool_outputs.jsonl`` in a protocol
+    recorded before tool builds)."""
+    legacy = out / "tool_outputs.jsonl"
+    return legacy if build == 0 and legacy.is_file() and not (out / "warm_start_b0.json").is_file() \
+        else out / f"tool_outputs_b{build}.jsonl"
+
+
+def tool_outputs(args: Args, out: Path, build: int = 0) -> Path:
+    """What the tool (build ``build``) says on each held-out question when called the way the gold
+    trajectories call it (``train.sft.gold_tool_call``), recorded once through the env: with the
+    stored answers it shows *how* a policy reads its tool (e.g. "yes iff anything was found"
+    against "yes iff the asked-about organ was found"), which accuracy alone cannot."""
+    path = tool_outputs_path(out, build)
     if path.is_file():
         return path
     from medvqa_env.config import parse_options
@@ -307,7 +391,8 @@ def tool_outputs(args: Args, out: Path) -> Path:
     from train.sft import gold_tool_call
 
     options = parse_options(args.dataset_opt, "--dataset-opt")
-    env = MedVQAEnv(**env_kwargs(args.dataset, "test", args.tools, max(1, args.max_turns), options, reward="rule"))
+    env = MedVQAEnv(**env_kwargs(args.dataset, "test", args.tools, max(1, args.max_turns), options, reward="rule",
+                                 tool_options=[f"{name}.seed={build}" for name in trained_tools(args)]))
     rows = []
     try:
         for i in select_indices(args.dataset, "test", args.answer_types, limit=args.eval_size, dataset_options=options):
@@ -321,6 +406,42 @@ def tool_outputs(args: Args, out: Path) -> Path:
         env.close()
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def identity(args: Args, out: Path) -> dict[str, Any]:
+    """Every artefact the report's figures depend on, named by content: the code (commit, whether
+    the tree was clean, package versions), each trained tool build (its cache folder's name and
+    SHA-256), the data (SHA-256 of the train, val and held-out records used) and each warm start
+    (SHA-256 of its checkpoint folder). Paths are relative; nothing names this machine."""
+    from medvqa_env.config import parse_options
+    from medvqa_env.datasets import load_dataset
+    from medvqa_env.provenance import content_sha256, provenance, records_sha256
+    from tool_backends.finetune.cache import trained_folder
+    from train.common import select_indices
+
+    options = parse_options(args.dataset_opt, "--dataset-opt")
+    tools: dict[str, Any] = {}
+    for build in builds_of(args):
+        for name, spec in trained_tools(args).items():
+            recipe = {k: spec[k] for k in ("dataset", "split", "dataset_options", "val_options", "steps") if k in spec}
+            folder = trained_folder(name, **recipe, seed=build)
+            tools.setdefault(name, {})[str(build)] = {"folder": folder.name, "sha256": content_sha256(folder)}
+    data = {}
+    for split, limit in (("train", None), ("val", args.val_size), ("test", args.eval_size)):
+        ds = load_dataset(args.dataset, split=split, **options)
+        idx = select_indices(args.dataset, split, args.answer_types, limit=limit, dataset_options=options)
+        data[split] = {"records": len(idx), "sha256": records_sha256(ds[i] for i in idx)}
+    warm = {}
+    for build in builds_of(args):
+        choice_file = warm_names(out, build)[2]
+        if choice_file.is_file():
+            choice = json.loads(choice_file.read_text())
+            folder = Path(warm_checkpoint(out, choice))
+            if folder.is_dir():
+                warm[str(build)] = {"checkpoint": choice["checkpoint"], "sha256": content_sha256(folder)}
+    code = provenance()
+    return {"code": {k: code.get(k) for k in ("git_commit", "git_dirty", "package_version", "torch", "transformers")},
+            "tools": tools, "data": data, "warm_starts": warm}
 
 
 # ==============================================================================================
@@ -368,7 +489,7 @@ def final_eval(metrics: list[dict[str, Any]], key: str) -> dict[str, Any]:
     row = {"step": last["step"], "metric": last[key], "distinct_answers": last.get("eval/distinct_answers"),
            "answer_entropy": last.get("eval/answer_entropy"), "top_answer_share": last.get("eval/top_answer_share"),
            "greedy_tool_calls": last.get("eval/calls_per_episode")}
-    for mode in ("blank", "shuffle"):
+    for mode in ("blank", "blank_policy", "shuffle"):
         k = key.replace("eval/", f"eval_{mode}/", 1)
         if k in last:
             row[f"{mode}_metric"] = last[k]
@@ -380,20 +501,53 @@ def _summary(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     values = [r["metric"] for r in per_seed.values()]
     mean, sd, low, high = t_interval(values)
     out = {"seeds": len(values), "mean": mean, "sd": sd, "ci_low": low, "ci_high": high, "per_seed": per_seed}
-    for field_ in ("distinct_answers", "greedy_tool_calls", "blank_drop", "shuffle_drop", "cpu_s"):
-        vals = [r[field_] for r in per_seed.values() if r.get(field_) is not None]
+    builds = {r.get("tool_build") for r in per_seed.values() if r.get("tool_build") is not None}
+    if builds:
+        out["tool_builds"] = len(builds)
+    for field_ in ("distinct_answers", "greedy_tool_calls", "blank_drop", "blank_policy_drop", "shuffle_drop", "cpu_s"):
+        vals = sorted(r[field_] for r in per_seed.values() if r.get(field_) is not None)
         if vals:
             out[f"{field_}_mean"] = sum(vals) / len(vals)
-            out[f"{field_}_max"] = max(vals)
-            out[f"{field_}_min"] = min(vals)
+            out[f"{field_}_max"] = vals[-1]
+            out[f"{field_}_min"] = vals[0]
+            out[f"{field_}_median"] = (vals[(len(vals) - 1) // 2] + vals[len(vals) // 2]) / 2
+    return out
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict[str, Any] | None:
+    """``a - b`` seed by seed (the seeds both have: the same tool build, the same data order) with
+    the t-interval of the mean difference; ``None`` with fewer than 2 shared seeds.
+
+    >>> d = paired_difference({0: 0.9, 1: 0.8, 2: 0.85}, {0: 0.8, 1: 0.72, 2: 0.76})
+    >>> round(d["difference"], 3), d["pairs"], d["beats"]
+    (0.09, 3, True)
+    >>> paired_difference({0: 0.9, 1: 0.8, 2: 0.85}, {0: 0.8, 1: 0.75, 2: 0.8})["beats"]  # 0.1, 0.05, 0.05
+    False
+    """
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    mean, _, low, high = t_interval([a[s] - b[s] for s in seeds], level)
+    return {"difference": mean, "ci_low": low, "ci_high": high, "pairs": len(seeds), "beats": low > 0}
+
+
+def compare(grpo: dict[int, dict[str, Any]], baseline: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """GRPO against one baseline: Welch's interval over the seeds, and the paired interval where
+    the seeds pair up (a trained baseline of the same seeds); the paired one, when there is one,
+    decides ``beats`` (it removes the tool build's share of the spread, which both rows have)."""
+    a, b = {s: r["metric"] for s, r in grpo.items()}, {s: r["metric"] for s, r in baseline.items()}
+    out = welch_difference(list(a.values()), list(b.values()))
+    paired = paired_difference(a, b) if len(b) > 1 else None
+    if paired is not None:
+        out["paired"] = paired
+        out["beats"] = paired["beats"]
     return out
 
 
 def report(args: Args, out: Path) -> dict[str, Any]:
+    """The protocol's figures, recomputed from the run files in ``out`` (nothing is written)."""
     key = metric_key(args.answer_types)
     runs = {r["name"]: r for r in read_jsonl(out / "runs.jsonl") if r["rc"] == 0}
-    warm = json.loads((out / "warm_start.json").read_text())
-    warm_test = json.loads((out / "warm_test" / "eval.json").read_text())["metrics"]
     rows: dict[str, Any] = {}
     for name in ("grpo", *[b for b in TRAINED_BASELINES if b in baselines_of(args)]):
         per_seed = {}
@@ -404,6 +558,7 @@ def report(args: Args, out: Path) -> dict[str, Any]:
                 continue
             row = final_eval(metrics, key)
             row["cpu_s"] = runs.get(f"{name}_s{seed}", {}).get("cpu_s")
+            row["tool_build"] = build_of(args, seed) if trained_tools(args) else None
             if name == "grpo":
                 sampled = [r["tools/calls_per_episode"] for r in metrics if "tools/calls_per_episode" in r and r["step"] > 0]
                 row["sampled_tool_calls_first"] = sampled[0] if sampled else None
@@ -411,9 +566,17 @@ def report(args: Args, out: Path) -> dict[str, Any]:
             per_seed[seed] = row
         if per_seed:
             rows[name] = _summary(per_seed)
-    warm_row = final_eval([{"step": warm["chosen_step"], **warm_test}], key)
-    rows["warm_start"] = {"seeds": 1, "mean": warm_row["metric"], "per_seed": {0: warm_row},
-                          "cpu_s": runs.get("warm_sft", {}).get("cpu_s")}
+    warm, warm_rows = {}, {}
+    for build in builds_of(args):
+        _, test_name, choice_file = warm_names(out, build)
+        if not choice_file.is_file():
+            continue
+        warm[build] = json.loads(choice_file.read_text())
+        warm_test = json.loads((out / test_name / "eval.json").read_text())["metrics"]
+        warm_rows[build] = {**final_eval([{"step": warm[build]["chosen_step"], **warm_test}], key),
+                            "cpu_s": runs.get(warm_names(out, build)[0], {}).get("cpu_s")}
+    if warm_rows:
+        rows["warm_start"] = _summary(warm_rows)  # one warm start per tool build
     answers = json.loads((out / "answer_baselines.json").read_text()) if (out / "answer_baselines.json").is_file() else {}
     for name in ANSWER_BASELINES:
         if name in answers:
@@ -424,14 +587,29 @@ def report(args: Args, out: Path) -> dict[str, Any]:
                 rows[name]["answer"] = m["answer"]
     comparisons = {}
     if "grpo" in rows:
-        grpo_values = [r["metric"] for r in rows["grpo"]["per_seed"].values()]
         for name, row in rows.items():
             if name != "grpo":
-                comparisons[name] = welch_difference(grpo_values, [r["metric"] for r in row["per_seed"].values()])
-    result = {"args": asdict(args), "metric": key, "warm_start": warm, "rows": rows, "grpo_minus": comparisons,
-              "beats_every_baseline": bool(comparisons) and all(c["beats"] for c in comparisons.values())}
-    (out / "protocol.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    return result
+                comparisons[name] = compare(rows["grpo"]["per_seed"], row["per_seed"] if name != "warm_start" else
+                                            {s: warm_rows[build_of(args, s)] for s in rows["grpo"]["per_seed"]
+                                             if build_of(args, s) in warm_rows})
+    recorded_args = {k: v for k, v in asdict(args).items() if k not in ("out", "export")}  # no machine's paths
+    return {"args": recorded_args, "metric": key, "warm_start": warm.get(0) or next(iter(warm.values()), {}),
+            "warm_starts": warm, "tool_builds": len(builds_of(args)) if trained_tools(args) else 0, "rows": rows,
+            "grpo_minus": comparisons,
+            "beats_every_baseline": bool(comparisons) and all(c["beats"] for c in comparisons.values())}
+
+
+def recorded_args(saved: dict[str, Any], out: Path) -> Args:
+    """The :class:`Args` a ``protocol.json`` was made with, reading its run files from ``out`` (a
+    protocol recorded before tool builds ran every seed on one build)."""
+    known = {f for f in Args.__dataclass_fields__}
+    return Args(**{"tool_builds": 1, **{k: v for k, v in saved.items() if k in known}, "out": str(out)})
+
+
+def write_report(out: Path, result: dict[str, Any]) -> Path:
+    path = out / "protocol.json"
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return path
 
 
 GZIPPED = ("heldout_answers.jsonl", "eval.answers.jsonl")  # every held-out answer: large, very repetitive
@@ -439,25 +617,44 @@ GZIPPED = ("heldout_answers.jsonl", "eval.answers.jsonl")  # every held-out answ
 
 def export(out: Path, dest: Path) -> None:
     """Copy what a reader needs (no weights): each run's args, metrics and held-out answers (the
-    answer files gzipped, ~60x smaller), the warm-start choice, the runs' CPU seconds, the answer
-    baselines, the tool's outputs and the report."""
+    answer files gzipped, ~60x smaller), the warm-start choices, the runs' CPU seconds, the answer
+    baselines, the tools' outputs and the report -- with every path of this machine made relative
+    (to the protocol folder, the repository, or ``$MEDVQA_CACHE``)."""
     import gzip
 
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("protocol.json", "warm_start.json", "runs.jsonl", "answer_baselines.json", "tool_outputs.jsonl"):
-        if (out / name).is_file():
-            shutil.copy2(out / name, dest / name)
+    top = [p for p in out.iterdir() if p.is_file() and (p.name in ("protocol.json", "runs.jsonl", "answer_baselines.json")
+                                                         or p.name.startswith(("warm_start", "tool_outputs")))]
+    for path in top:
+        (dest / path.name).write_text(relative_paths(path.read_text(), out))
     for folder in sorted(p for p in out.iterdir() if p.is_dir() and (p / "DONE").is_file() or p.name == "answer_baselines"):
         target = dest / folder.name
         target.mkdir(exist_ok=True)
         for f in (*RUN_FILES, "DONE", "eval.json", "eval.answers.jsonl"):
             if not (folder / f).is_file():
                 continue
+            text = relative_paths((folder / f).read_text(), out)
             if f in GZIPPED:  # mtime=0: the same answers give the same bytes
-                (target / f"{f}.gz").write_bytes(gzip.compress((folder / f).read_bytes(), mtime=0))
+                (target / f"{f}.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
             else:
-                shutil.copy2(folder / f, target / f)
+                (target / f).write_text(text)
     print(f"[protocol] exported run files to {dest}")
+
+
+def relative_paths(text: str, out: Path) -> str:
+    """``text`` with this machine's absolute paths replaced: the protocol folder by nothing (paths
+    relative to it), the repository by nothing (relative to it), the tool cache by ``$MEDVQA_CACHE``.
+
+    >>> relative_paths('{"policy": "/w/runs/p/warm_sft/x", "m": "/w/repo/a"}', Path("/w/runs/p"))[:30]
+    '{"policy": "warm_sft/x", "m": '
+    """
+    from medvqa_env.provenance import REPO_ROOT
+    from tool_backends.finetune.cache import cache_root
+
+    for prefix, by in ((out.resolve(), ""), (out.absolute(), ""), (cache_root().parent, "$MEDVQA_CACHE/"),
+                       (REPO_ROOT, "")):
+        text = text.replace(f"{prefix}/", by).replace(f'"{prefix}"', '"."')
+    return text
 
 
 def main(args: Args) -> int:
@@ -475,15 +672,19 @@ def main(args: Args) -> int:
     (out / "protocol_args.json").write_text(json.dumps(asdict(args), indent=1) + "\n")
     baselines = baselines_of(args)
     needs_warm = "grpo" in stages or ("baselines" in stages and "more_sft" in baselines)
-    choice = warm_start(args, out) if "warm" in stages else (
-        json.loads((out / "warm_start.json").read_text()) if needs_warm else {})
+    warm: dict[int, dict[str, Any]] = {}
+    for build in builds_of(args):
+        if "warm" in stages:
+            warm[build] = warm_start(args, out, build)
+        elif needs_warm:
+            warm[build] = json.loads(warm_names(out, build)[2].read_text())
     if "grpo" in stages:
-        grpo_runs(args, out, choice["checkpoint"])
+        grpo_runs(args, out, warm)
     if "baselines" in stages:
         for name in TRAINED_BASELINES:
             if name in baselines:
                 for seed in seeds_of(args):
-                    sft_baseline(args, out, name, seed, choice.get("checkpoint", ""))
+                    sft_baseline(args, out, name, seed, warm)
         if any(b in baselines for b in ANSWER_BASELINES):
             answer_baselines(args, out)
     if "report" in stages:
@@ -491,11 +692,17 @@ def main(args: Args) -> int:
         if "grpo" not in result["rows"]:  # nothing to compare: a report of baselines alone is no result
             print(f"[protocol] no finished GRPO run under {out}: nothing to report", file=sys.stderr)
             return 1
-        tool_outputs(args, out)
+        for build in builds_of(args):
+            tool_outputs(args, out, build)
+        result["identity"] = identity(args, out)
+        write_report(out, result)
         for name, row in result["rows"].items():
             sd = f" ± {row['sd']:.3f} (sample SD)" if row.get("sd") == row.get("sd") and "sd" in row else ""
             print(f"[protocol] {name:15s} {result['metric']} {row['mean']:.3f}{sd} over {row['seeds']} seed(s)")
         print(f"[protocol] GRPO beats every baseline: {result['beats_every_baseline']}")
+        if result["identity"]["code"]["git_dirty"]:
+            print("[protocol] warning: the code has uncommitted changes: this report names no commit that made it",
+                  file=sys.stderr)
         if args.export:
             export(out, Path(args.export))
     return 0

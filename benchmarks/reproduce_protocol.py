@@ -1,0 +1,119 @@
+"""Rerun a small learning protocol from scratch and compare it with the committed reference.
+
+``python -m train.protocol`` with the flags below -- two seeds on two builds of a trained
+``ground`` tool (built here, in a fresh tool cache), a val-chosen warm start per build, GRPO and
+every baseline -- in a temporary folder, then each row's held-out mean, its seeds and tool builds,
+the held-out question count and the verdict are compared with
+``benchmarks/results/protocol_small.json``. Every figure must land within ``TOLERANCE`` of the
+reference (counts exactly); the script prints the table and exits 1 when one does not. CI runs it,
+so a clean clone shows that the protocol's numbers come back.
+
+    python benchmarks/reproduce_protocol.py              # rerun and compare (CI)
+    python benchmarks/reproduce_protocol.py --record     # rerun and keep the result as the reference
+
+On one machine the rerun is bit-identical (tool builds and trainers run on one torch thread with
+fixed seeds); across machines floating-point differences can flip a few held-out answers, which is
+what the tolerance allows: 0.1 on a mean over 32 questions is three answers.
+"""
+
+from __future__ import annotations
+
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from figures import ROOT, command_line, record, results_dir_arg
+
+TOPIC = "protocol_small"
+TOLERANCE = 0.1
+"""Largest accepted |rerun - reference| of a held-out mean (accuracy over 32 questions)."""
+TOOLS = {"ground": {"engine": "trained", "steps": 60, "dataset_options": {"n": 400}, "val_options": {"n": 100}}}
+FLAGS = ["--seeds", "0,1", "--tool-builds", "2", "--tools", json.dumps(TOOLS), "--sft-steps", "20",
+         "--sft-save-every", "10", "--sft-batch-size", "8", "--val-size", "32", "--eval-size", "32",
+         "--grpo-steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "3",
+         "--micro-batch", "32", "--ablations", "blank_policy"]
+ROWS = ("grpo", "warm_start", "more_sft", "tool_sft", "notool_sft", "question_prior", "constant")
+
+
+def rerun(out: Path) -> dict:
+    """Run the small protocol in ``out`` with a tool cache of its own; its ``protocol.json``."""
+    env = {**os.environ, "MEDVQA_CACHE": str(out / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "train.protocol", "--out", str(out / "protocol"), *FLAGS]
+    print("$ " + " ".join(cmd[1:]), flush=True)
+    rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    if rc != 0:
+        raise SystemExit(f"the small protocol failed (exit {rc}); its run logs are under {out / 'protocol'}")
+    return json.loads((out / "protocol" / "protocol.json").read_text())
+
+
+def figures_of(result: dict) -> dict:
+    """The compared figures of a ``protocol.json``."""
+    fig: dict = {"beats_every_baseline": int(result["beats_every_baseline"]), "tool_builds": result["tool_builds"],
+                 "questions": result["args"]["eval_size"]}
+    for name in ROWS:
+        row = result["rows"].get(name)
+        if row is not None:
+            fig[f"{name}.mean"] = row["mean"]
+            fig[f"{name}.seeds"] = row["seeds"]
+    fig["tools_sha256"] = ",".join(t["sha256"][:12] for builds in result["identity"]["tools"].values()
+                                   for _, t in sorted(builds.items()))
+    return fig
+
+
+def compare(got: dict, reference: dict) -> list[tuple[str, object, object, bool]]:
+    """One ``(name, reference, rerun, within tolerance)`` per reference figure (the tools' hashes
+    are shown, not compared: bit-identical builds are only expected on one machine)."""
+    rows = []
+    for name, ref in reference.items():
+        value = got.get(name)
+        if name == "tools_sha256":
+            ok = True
+        elif isinstance(ref, float) and isinstance(value, (int, float)):
+            ok = abs(value - ref) <= TOLERANCE + 1e-9
+        else:
+            ok = value == ref
+        rows.append((name, ref, value, ok))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--record", action="store_true", help="keep this rerun as the reference")
+    ap.add_argument("--out", default=None, help="run folder (default: a temporary folder, removed afterwards)")
+    ap.add_argument("--results", default=None, help="where the reference is kept (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    results = results_dir_arg(False, args.results)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="medvqa-protocol-") as tmp:
+        result = rerun(Path(args.out) if args.out else Path(tmp))
+    wall = time.perf_counter() - t0
+    got = figures_of(result)
+    if args.record:
+        lines = ["## Small learning protocol (reference for `benchmarks/reproduce_protocol.py`)", "",
+                 "`python benchmarks/reproduce_protocol.py`: the protocol with `" + " ".join(FLAGS) + "` from scratch "
+                 f"(tool builds included) in {wall / 60:.1f} min wall on this machine; a rerun must land within "
+                 f"{TOLERANCE} of each mean.", "", "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in got.items()]
+        got.update({"wall_min": round(wall / 60, 1), "git_commit": result["identity"]["code"]["git_commit"],
+                    "git_dirty": int(bool(result["identity"]["code"]["git_dirty"]))})
+        record(TOPIC, "\n".join(lines) + "\n", got, command_line("reproduce_protocol.py", argv), results)
+        return 0
+    reference = json.loads((results / f"{TOPIC}.json").read_text())["figures"]
+    reference = {k: v for k, v in reference.items() if k not in ("wall_min", "git_commit", "git_dirty")}
+    rows = compare(got, reference)
+    print(f"\n| figure | reference | rerun | within {TOLERANCE} |\n|---|---|---|---|")
+    for name, ref, value, ok in rows:
+        print(f"| {name} | {ref} | {value} | {'yes' if ok else 'NO'} |")
+    bad = [r for r in rows if not r[3]]
+    print(f"\nfigures within tolerance: {len(rows) - len(bad)}; outside: {len(bad)} (rerun in {wall / 60:.1f} min)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The protocol's stages ask for what the protocol says (issue 26): the warm start is chosen on val
+(and the record says the split the run really evaluated), every run gets its own seed, seed k runs on
+tool build k mod tool_builds with the warm start of that build, baselines share GRPO's builds, and
+the report names the builds. Each trainer run is replaced by a stand-in that parses the argv with the
+trainer's own parser and writes the files that trainer writes, so what is checked is what would run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from train import grpo, protocol, sft
+from train.common import parse_args
+
+TOOLS = "ground=trained"
+
+
+@pytest.fixture()
+def runs(monkeypatch):
+    """``protocol.run`` stood in: records every (name, module, parsed args) and writes the run's files
+    (``args.json``, ``metrics.jsonl`` with a held-out figure per evaluation, checkpoints, ``DONE``)."""
+    calls = []
+
+    def fake_run(out, name, module, argv):
+        cls = {"train.sft": sft.Args, "train.grpo": grpo.Args}.get(module)
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if cls is None:  # train.evaluate: the warm start's test figure
+            (out / name / "eval.json").write_text(json.dumps({"metrics": {"eval/accuracy": 0.5}}))
+            calls.append((name, module, argv))
+        else:
+            args = parse_args(cls, argv)
+            calls.append((name, module, args))
+            (folder / "args.json").write_text(json.dumps({"args": vars(args)}, default=str))
+            every = args.save_every or args.steps
+            rows = [{"step": s, "eval/accuracy": 0.5 + 0.001 * s + (0.2 if args.eval_split == "test" else 0.0)}
+                    for s in range(every, args.steps + 1, every)]
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            for r in rows:
+                (folder / "checkpoints" / f"step_{r['step']:06d}").mkdir(parents=True, exist_ok=True)
+        (folder / "DONE").write_text("{}")
+        with open(out / "runs.jsonl", "a") as f:
+            f.write(json.dumps({"name": name, "rc": 0, "cpu_s": 1.0}) + "\n")
+        return {"name": name, "rc": 0}
+
+    monkeypatch.setattr(protocol, "run", fake_run)
+    return calls
+
+
+def _args(tmp_path, **kw):
+    return protocol.Args(out=str(tmp_path), tools=TOOLS, seeds="0,1,2,3,4", tool_builds=3, sft_steps=50,
+                         sft_save_every=25, grpo_steps=10, baselines="more_sft,tool_sft,notool_sft", **kw)
+
+
+def test_the_warm_start_is_chosen_on_val_and_records_the_split_that_ran(tmp_path, runs):
+    args = _args(tmp_path)
+    choice = protocol.warm_start(args, tmp_path, build=1)
+    (name, module, sft_args), _ = runs
+    assert (name, module) == ("warm_sft_b1", "train.sft") and sft_args.eval_split == "val"
+    assert choice["split"] == "val" and choice["tool_build"] == 1
+    assert sft_args.seed == 1 and "ground.seed=1" in sft_args.tool_opt  # this build's tool and seed
+    assert choice["checkpoint"] == "warm_sft_b1/checkpoints/step_000050"  # relative: no machine's path
+    assert json.loads((tmp_path / "warm_start_b1.json").read_text())["chosen_step"] == 50
+
+
+def test_every_run_gets_its_seed_and_its_seeds_tool_build(tmp_path, runs):
+    args = _args(tmp_path)
+    assert protocol.main(_args(tmp_path, stages="warm,grpo,baselines")) == 0
+    by_name = {name: a for name, _, a in runs}
+    for b in (0, 1, 2):
+        assert by_name[f"warm_sft_b{b}"].seed == b and by_name[f"warm_sft_b{b}"].eval_split == "val"
+    for seed in range(5):
+        build = seed % 3
+        g = by_name[f"grpo_s{seed}"]
+        assert g.seed == seed and g.eval_split == "test"
+        assert g.tool_opt == [f"ground.seed={build}"]
+        assert g.policy == str(tmp_path / f"warm_sft_b{build}" / "checkpoints" / "step_000050")
+        for base in ("more_sft", "tool_sft"):
+            assert by_name[f"{base}_s{seed}"].seed == seed and by_name[f"{base}_s{seed}"].tool_opt == [f"ground.seed={build}"]
+        assert by_name[f"more_sft_s{seed}"].policy == g.policy  # more SFT from the same warm start as GRPO
+        assert by_name[f"notool_sft_s{seed}"].tools == "none" and not by_name[f"notool_sft_s{seed}"].tool_opt
+    result = protocol.report(args, tmp_path)
+    assert result["tool_builds"] == 3 and result["rows"]["grpo"]["tool_builds"] == 3
+    assert [r["tool_build"] for r in result["rows"]["grpo"]["per_seed"].values()] == [0, 1, 2, 0, 1]
+    assert result["rows"]["warm_start"]["seeds"] == 3  # one warm start per build
+    assert result["grpo_minus"]["more_sft"]["paired"]["pairs"] == 5
+    assert "out" not in result["args"] and "export" not in result["args"]
+
+
+def test_without_trained_tools_every_seed_shares_one_build(tmp_path, runs):
+    args = _args(tmp_path, stages="warm,grpo")
+    args.tools = "ground=oracle"
+    assert protocol.main(args) == 0
+    names = [name for name, _, _ in runs]
+    assert names.count("warm_sft_b0") == 1 and not any(n.startswith("warm_sft_b1") for n in names)
+    assert all(not a.tool_opt for name, _, a in runs if name.startswith("grpo"))
+
+
+def test_the_report_reads_a_protocol_recorded_before_tool_builds(tmp_path):
+    """The committed OPEN protocol has ``warm_start.json`` and one build: it is read as build 0."""
+    (tmp_path / "warm_start.json").write_text(json.dumps({"chosen_step": 40, "checkpoint": "/abs/x", "val_by_step": {}}))
+    (tmp_path / "warm_test").mkdir()
+    (tmp_path / "warm_test" / "eval.json").write_text(json.dumps({"metrics": {"eval/accuracy": 0.5}}))
+    args = protocol.recorded_args({"seeds": "0,1", "tools": TOOLS, "baselines": "more_sft"}, tmp_path)
+    assert args.tool_builds == 1 and protocol.builds_of(args) == [0]
+    assert protocol.warm_names(tmp_path, 0) == ("warm_sft", "warm_test", tmp_path / "warm_start.json")
+    assert protocol.warm_checkpoint(tmp_path, {"checkpoint": "/abs/x"}) == "/abs/x"
+    assert protocol.report(args, tmp_path)["rows"]["warm_start"]["mean"] == 0.5
+    assert not (tmp_path / "protocol.json").exists()  # computing a report writes nothing

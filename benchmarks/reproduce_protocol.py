@@ -32,10 +32,10 @@ from figures import ROOT, command_line, record, results_dir_arg
 TOPIC = "protocol_small"
 TOLERANCE = 0.1
 """Largest accepted |rerun - reference| of a held-out mean (accuracy over 32 questions)."""
-TOOLS = {"ground": {"engine": "trained", "steps": 60, "dataset_options": {"n": 400}, "val_options": {"n": 100}}}
-FLAGS = ["--seeds", "0,1", "--tool-builds", "2", "--tools", json.dumps(TOOLS), "--sft-steps", "20",
-         "--sft-save-every", "10", "--sft-batch-size", "8", "--val-size", "32", "--eval-size", "32",
-         "--grpo-steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "3",
+TOOLS = {"ground": {"engine": "trained", "steps": 120, "dataset_options": {"n": 400}, "val_options": {"n": 100}}}
+FLAGS = ["--seeds", "0,1", "--tool-builds", "2", "--tools", json.dumps(TOOLS), "--sft-steps", "60",
+         "--sft-save-every", "30", "--sft-batch-size", "8", "--val-size", "32", "--eval-size", "32",
+         "--grpo-steps", "4", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "4",
          "--micro-batch", "32", "--ablations", "blank_policy"]
 ROWS = ("grpo", "warm_start", "more_sft", "tool_sft", "notool_sft", "question_prior", "constant")
 

@@ -137,3 +137,24 @@ def test_a_corrupt_compressed_dicom_is_one_quiet_line_naming_file_syntax_and_rea
                                            r"the file ends at byte \d+ before its pixel data"):
         load_image(truncated, "r2")
     assert capfd.readouterr().err == ""
+
+
+def test_a_corrupt_jpeg2000_header_does_not_take_the_process_down(tmp_path):
+    """GDCM's JPEG 2000 path aborts the process (an uncaught C++ exception: "terminate called after
+    throwing an instance of 'std::string'") on this header; with pylibjpeg-openjpeg installed GDCM is
+    not tried for JPEG 2000 and the file is a DatasetError like any other (run in a child process,
+    so a regression is a failed test, not a dead test run)."""
+    import subprocess
+    import sys
+
+    data = bytearray(_j2k(_plain(tmp_path / "plain.dcm"), tmp_path / "j2k.dcm").read_bytes())
+    soc = bytes(data).index(b"\xff\x4f\xff\x51")
+    data[soc + 4: soc + 60] = b"\xff" * 56
+    (tmp_path / "abort.dcm").write_bytes(bytes(data))
+    code = ("from medvqa_env.errors import DatasetError\nfrom medvqa_env.images import load_image\n"
+            f"try:\n    load_image({str(tmp_path / 'abort.dcm')!r}, 'r')\nexcept DatasetError as e:\n    print(e)\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parents[2])
+    assert child.returncode == 0, child.stderr[-500:]
+    assert "abort.dcm': cannot decode its pixel data (transfer syntax 'JPEG 2000 Image Compression" in child.stdout
+    assert "pylibjpeg: Error decoding the J2K data" in child.stdout and child.stderr == ""

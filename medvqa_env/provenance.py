@@ -130,24 +130,14 @@ def dataset_provenance(dataset: Any) -> DatasetProvenance | None:
 
 def write_skipped(dataset: Any, run_dir: str | Path, **fields: Any) -> Path:
     """Write the dataset's skipped rows to ``run_dir/skipped_records.jsonl`` (replacing an older
-    list), one JSON object per row with ``fields`` added (a trainer adds ``split``). Every run folder
-    gets the file: empty when nothing was skipped, so "no skips" is written down, not assumed."""
-    import json
-
-    path = Path(run_dir) / SKIPPED_FILE
-    prov = dataset_provenance(dataset)
-    rows = [] if prov is None else prov.skipped
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps({"dataset": prov.name, **fields, **row}, ensure_ascii=False, default=str) + "\n"
-                           for row in rows), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    list), one JSON object per row with ``fields`` added. Every run folder gets the file: empty
+    when nothing was skipped, so "no skips" is written down, not assumed."""
+    return write_skipped_of([(dataset, fields)], run_dir)
 
 
-def append_skipped(datasets: Any, run_dir: str | Path) -> Path:
+def write_skipped_of(datasets: Any, run_dir: str | Path) -> Path:
     """:func:`write_skipped` for several ``(dataset, fields)`` pairs into one file (a trainer's
-    train and held-out splits)."""
+    train and held-out splits, ``fields={"split": ...}``)."""
     import json
 
     path = Path(run_dir) / SKIPPED_FILE

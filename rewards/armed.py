@@ -192,7 +192,9 @@ class ARMedReward(RewardFunction):
 
     def _uncovered(self, refs: Sequence[str]) -> None:
         c = self.config
-        model = c.cosine_model or c.bertscore_model or "all-MiniLM-L6-v2 (English vocabulary)"
+        minilm = "all-MiniLM-L6-v2 (English vocabulary)"
+        model = (minilm if not (c.bertscore_model or c.cosine_model)
+                 else f"{c.bertscore_model or minilm} / {c.cosine_model or minilm}")
         message = (f"ARMed's encoder {model} has no vocabulary for {len(refs)} reference answer(s), e.g. "
                    f"{refs[0]!r:.40} (read as the unknown token): BERTScore and cosine could not tell a "
                    f"right answer from a wrong one")

@@ -278,14 +278,14 @@ def record_dataset_skips(out: Path, args: Any) -> dict[str, Any] | None:
 
     from medvqa_env.config import parse_options
     from medvqa_env.datasets import load_dataset
-    from medvqa_env.provenance import SKIPPED_FILE, append_skipped, check_not_all_skipped, dataset_provenance
+    from medvqa_env.provenance import SKIPPED_FILE, write_skipped_of, check_not_all_skipped, dataset_provenance
 
     if not isinstance(getattr(args, "dataset", None), str):
         return None
     options = parse_options(getattr(args, "dataset_opt", None), "--dataset-opt")
     splits = [s for s in dict.fromkeys((getattr(args, "split", None), getattr(args, "eval_split", None))) if s]
     loaded = [(load_dataset(args.dataset, split=s, **options), {"split": s}) for s in splits]
-    append_skipped(loaded, out)
+    write_skipped_of(loaded, out)
     counts: dict[str, Any] = {}
     for dataset, fields in loaded:
         check_not_all_skipped(dataset, out / SKIPPED_FILE)

@@ -108,7 +108,7 @@ def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None,
     ``output_dir``, the rows its loader skipped to ``output_dir/skipped_records.jsonl``)."""
     from omegaconf import OmegaConf
 
-    from medvqa_env.provenance import append_skipped
+    from medvqa_env.provenance import write_skipped_of
     from train.verl_integration.data import convert
 
     env_kwargs = OmegaConf.to_container(cfg.medvqa.env, resolve=True)
@@ -118,7 +118,7 @@ def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None,
     val = convert(env_kwargs, cfg.data.val_files, split=val_split, image_mode=image_mode, limit=limit,
                   answer_types=answer_types, loaded=loaded)
     if output_dir is not None:
-        append_skipped(loaded, output_dir)
+        write_skipped_of(loaded, output_dir)
     return [train, val]
 
 

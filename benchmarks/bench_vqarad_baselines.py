@@ -38,10 +38,9 @@ JUDGE_QUESTIONS = 8
 
 def baselines(root: str) -> list[tuple[str, str, list[str]]]:
     """(run folder, name in the tables, ``eval.run`` arguments) of each offline baseline."""
-    test = json.dumps({"name": "vqa_rad", "split": "test", "root": root}, separators=(",", ":"))
     train = "fit_on=" + json.dumps({"name": "vqa_rad", "split": "train", "root": root}, separators=(",", ":"))
     return [
-        ("oracle", "oracle (reads the answer)", ["--agent", "oracle", "--agent-opt", f"dataset={test}"]),
+        ("oracle", "oracle (reads the answer)", ["--agent", "oracle"]),  # it reads the evaluated dataset
         ("prior", "answer prior (train split)", ["--agent", "prior", "--agent-opt", train]),
         ("zoom-then-answer", "zoom-then-answer", ["--agent", "zoom-then-answer", "--agent-opt", train]),
         ("random", "random", ["--agent", "random"]),

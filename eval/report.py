@@ -129,6 +129,8 @@ def errors_line(summary: EvalSummary) -> str:
     'Errors: 2 of 5 episodes (dataset_error 2); 3 scored. Dataset rows skipped by the loader: 1 (empty answer 1).'
     >>> errors_line(EvalSummary(n_episodes=4, n_scored=4))
     'Errors: none; 4 of 4 episodes scored.'
+    >>> errors_line(EvalSummary(n_episodes=4, n_scored=4, run={"dataset_provenance": {"n_skipped": 0}}))
+    'Errors: none; 4 of 4 episodes scored. Dataset rows skipped by the loader: 0.'
     """
     kinds = ", ".join(f"{k} {n}" for k, n in summary.errors_by_kind.items())
     if summary.n_errors:
@@ -139,6 +141,8 @@ def errors_line(summary: EvalSummary) -> str:
     if summary.n_skipped_records:
         reasons = ", ".join(f"{k} {n}" for k, n in summary.skipped_by_reason.items())
         line += f" Dataset rows skipped by the loader: {summary.n_skipped_records} ({reasons})."
+    elif summary.run.get("dataset_provenance") is not None:  # a loader's dataset: its count, even 0
+        line += " Dataset rows skipped by the loader: 0."
     return line
 
 

@@ -193,6 +193,31 @@ def _agent_options(run: RunArgs) -> dict[str, Any]:
     return options
 
 
+def with_env_dataset(run: RunArgs, options: dict[str, Any], dataset: Any, dataset_options: dict[str, Any]) -> dict[str, Any]:
+    """Agent options with the dataset as the env has it: the oracle reads the evaluated dataset
+    itself (so it inherits ``--dataset-opt``, e.g. ``on_invalid=skip``; a second ``dataset=`` is
+    refused), and a baseline's ``fit_on`` naming the evaluated dataset (``fit_on=vqa_rad:train``)
+    is loaded with the same ``--dataset-opt``.
+
+    >>> r = RunArgs(agent="oracle", dataset="embedded", out="x")
+    >>> with_env_dataset(r, {}, "DATA", {})["dataset"]
+    'DATA'
+    >>> with_env_dataset(RunArgs(agent="prior", dataset="vqa_rad", out="x"), {"fit_on": "vqa_rad:train"}, None,
+    ...                  {"root": "/d", "on_invalid": "skip"})["fit_on"]
+    {'name': 'vqa_rad', 'split': 'train', 'root': '/d', 'on_invalid': 'skip'}
+    """
+    out = dict(options)
+    if run.agent in ("oracle",):
+        if "dataset" in out:
+            raise ConfigError("the oracle reads the evaluated dataset (--dataset, --dataset-opt); drop --agent-opt "
+                              f"dataset={out['dataset']!r} (one dataset config, no second copy of its options)")
+        out["dataset"] = dataset
+    fit_on = out.get("fit_on")
+    if isinstance(fit_on, str) and fit_on.partition(":")[0] == run.dataset:
+        out["fit_on"] = {"name": run.dataset, "split": fit_on.partition(":")[2] or "train", **dataset_options}
+    return out
+
+
 def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
     from eval.report import to_markdown
     from eval.runner import evaluate
@@ -210,8 +235,9 @@ def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
             config.tools = with_tool_options(parse_tools(config.tools), run.tool_opt)
         for note in trained_differences(trained, config):
             log.warning(note)
-        dataset = load_dataset(run.dataset, split=run.split, **parse_options(run.dataset_opt, "--dataset-opt"))
-        agent = build_agent(run.agent, **agent_options)
+        dataset_options = parse_options(run.dataset_opt, "--dataset-opt")
+        dataset = load_dataset(run.dataset, split=run.split, **dataset_options)
+        agent = build_agent(run.agent, **with_env_dataset(run, agent_options, dataset, dataset_options))
         for line in decoding_notes(agent, config.k):
             print(line, file=sys.stderr)
         if run.judge_url:

@@ -636,22 +636,33 @@ def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_di
                    judge: Judge | None, split: str | None, overwrite: bool) -> EvalSummary:
     """One pass over the selected questions (see :func:`evaluate`), its summary not yet written."""
     from eval.metrics import summarize
-    from medvqa_env.provenance import write_skipped
+    from medvqa_env.provenance import SKIPPED_FILE, check_not_all_skipped, dataset_provenance, write_skipped
 
-    runner = Runner(agent, dataset, config, out_dir, judge)  # selects the questions; none is an error
     info = run_info(agent, dataset, config, split)
-    info["selection"] = describe_selection(dataset, runner.dataset, config.limit, config.shuffle, config.stratify,
-                                           selection_seed(config))
     if judge is not None:
         info["judge"] = judge.describe() if hasattr(judge, "describe") else repr(judge)
-    if out_dir is not None:
+
+    def prepare_folder() -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         check_resume(out, info, overwrite)
+        write_skipped(dataset, out)  # each row the loader skipped: file, line, id, reason (empty: none)
+
+    prov = dataset_provenance(dataset)
+    if not len(dataset) and prov is not None and prov.n_skipped:
+        # the loader skipped every row: nothing to ask; the folder gets the list, the error says so
+        if out_dir is not None:
+            prepare_folder()
+        check_not_all_skipped(dataset, None if out_dir is None else Path(out_dir) / SKIPPED_FILE)
+    runner = Runner(agent, dataset, config, out_dir, judge)  # selects the questions; none is an error
+    info["selection"] = describe_selection(dataset, runner.dataset, config.limit, config.shuffle, config.stratify,
+                                           selection_seed(config))
+    if out_dir is not None:
+        prepare_folder()
+        out = Path(out_dir)
         if overwrite and (out / RESULTS_FILE).exists():
             (out / RESULTS_FILE).unlink()
         (out / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-        write_skipped(dataset, out)  # each row the loader skipped: file, line, id, reason
     start = time.perf_counter()
     new_rows = runner.run()
     wall = time.perf_counter() - start

@@ -9,7 +9,11 @@
 * several accepted answers (``metadata["answer_alternatives"]``, VQA-Med's ``#``): the best over
   them, as the official VQA-Med evaluations score (:mod:`rewards.alternatives`): correct and exact
   match if any alternative matches, each open metric its maximum over the alternatives, and
-  ``armed_avg`` the mean of those maxima.
+  ``armed_avg`` the mean of those maxima. ``correct`` and ``exact_match`` come from
+  :mod:`rewards.matching`, the rule the env's rewards use.
+* a reference the encoders' vocabulary does not cover (Chinese with the default MiniLM): no
+  ``bertscore``/``cossim`` in the row (an ``[UNK]`` encoding cannot tell right from wrong) and
+  ``armed_avg`` is the mean of BLEU-1 and ROUGE-1, which are computed on characters for CJK.
 
 Tool-use statistics come from the episode trace (:func:`tool_stats`).
 """
@@ -113,9 +117,11 @@ class OpenMetrics:
         rows: list[dict[str, float]] = [{} for _ in predictions]
         for j, i in enumerate(owner):
             for name, value in zip(OPEN_METRICS, (bleu[j], rouge[j], bert[j], cos[j])):
-                rows[i][name] = max(rows[i].get(name, float("-inf")), float(value))
+                if value is not None:  # None: the encoders cannot read this reference
+                    rows[i][name] = max(rows[i].get(name, float("-inf")), float(value))
         for row in rows:
-            row["armed_avg"] = sum(row[m] for m in OPEN_METRICS) / len(OPEN_METRICS)
+            present = [m for m in OPEN_METRICS if m in row]
+            row["armed_avg"] = sum(row[m] for m in present) / len(present)
             # float32 encoders: 1.00000003 or 0.99999994 for identical texts; 6 digits is what they hold
             row.update({k: round(min(1.0, v), METRIC_DIGITS) for k, v in row.items()})
         return rows
@@ -132,23 +138,18 @@ def score_episode(record: VQARecord, answer: str | None, format_ok: bool) -> dic
     >>> s["correct"], s["exact_match"], s["metrics"]
     (True, True, {})
     """
-    from rewards.alternatives import accepted_answers
-    from rewards.base import RewardInput
-    from rewards.normalize import exact_match
-    from rewards.rule import answer_matches
+    from rewards.matching import exact_match_any, matches, references
 
-    references = accepted_answers(record.answer, record.metadata)
-    em = any(exact_match(answer, ref) for ref in references)
+    refs = references(record.answer, record.metadata)
+    em = exact_match_any(answer, refs)
     out: dict[str, Any] = {"answer": answer, "exact_match": bool(em), "format_ok": bool(format_ok), "metrics": {}}
-    if len(references) > 1:
-        out["references"] = references
+    if len(refs) > 1:
+        out["references"] = refs
     if record.answer_type is AnswerType.OPEN:
         out["correct"] = bool(em)
         out["needs_open_metrics"] = True
     else:
-        out["correct"] = any(answer_matches(RewardInput(completion="", answer=answer, ground_truth=ref,
-                                                        answer_type=record.answer_type, options=dict(record.options),
-                                                        format_ok=format_ok)) for ref in references)
+        out["correct"] = matches(answer, record.answer, record.answer_type, record.options, refs[1:])
     return out
 
 

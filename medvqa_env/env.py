@@ -93,6 +93,9 @@ class MedVQAEnv(gym.Env[dict, str]):
             raise ConfigError(f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.dataset = _resolve_dataset(dataset, split, dataset_options)
         if len(self.dataset) == 0:
+            from medvqa_env.provenance import check_not_all_skipped
+
+            check_not_all_skipped(self.dataset)  # a loader that skipped every row says so
             raise ConfigError(f"dataset {self.dataset.name!r} (split {split!r}) is empty")
         from medvqa_env.services import EnvServices
 

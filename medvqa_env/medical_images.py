@@ -22,6 +22,8 @@ import contextlib
 import gzip
 import importlib
 import io
+import re
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,9 +214,13 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     """One frame of a DICOM: modality rescale (slope/intercept), the file's window, MONOCHROME1."""
     pydicom = _optional("pydicom", where)
     try:
-        with warnings.catch_warnings():  # garbage read with force=True warns per unknown element
-            warnings.simplefilter("ignore")
+        # garbage read with force=True warns per unknown element; a truncated file warns (and logs)
+        # "End of file reached before delimiter": kept for the reason, not printed
+        with warnings.catch_warnings(record=True) as caught, _quiet_logger("pydicom"):
+            warnings.simplefilter("always")
             ds = pydicom.dcmread(io.BytesIO(data), force=True)
+        truncated = next((" ".join(str(w.message).split()) for w in caught
+                          if "end of file" in str(w.message).lower()), None)
         if data[128:132] != b"DICM" and not any(pydicom.datadict.dictionary_has_tag(t) for t in ds.keys()):
             raise DatasetError(f"{where} is not a DICOM file: no 'DICM' marker at byte 128 and no DICOM data "
                                f"element in it (it starts {data[:24]!r})")
@@ -225,6 +231,10 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     except Exception as e:  # pydicom raises many types on garbage
         raise DatasetError(f"{where} is not a readable DICOM image: {type(e).__name__}: {e}") from None
     if not has_pixels or not rows or not cols:
+        if truncated or ("Rows" in ds and "Columns" in ds and not has_pixels):  # a header, its pixels gone
+            raise DatasetError(f"{where} is a truncated DICOM (transfer syntax {_syntax_name(ds)}): the file ends "
+                               f"at byte {len(data)} before its pixel data"
+                               + (f" (pydicom: {truncated.replace(' in file <no filename>', '')})" if truncated else ""))
         raise DatasetError(f"{where} is a DICOM without an image (modality {ds.get('Modality')!r}, no pixel data)")
     frames = int(_first_number(ds.get("NumberOfFrames", 1)) or 1)
     samples = int(ds.get("SamplesPerPixel", 1) or 1)
@@ -234,10 +244,7 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
         raise DatasetError(f"{where} holds {frames} frames of {cols}x{rows}: over the {MAX_VOLUME_BYTES >> 20} MiB "
                            "limit for one file")
     frame = _pick(options.slice, frames, 0, "frame", where)
-    try:
-        arr = np.asarray(ds.pixel_array)
-    except Exception as e:
-        raise DatasetError(_undecodable(ds, where, e)) from None
+    arr = _decode_pixels(ds, where)
     if frames > 1:
         arr = arr[frame]
     photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
@@ -279,14 +286,113 @@ def dicom_decoders() -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _undecodable(ds, where: str, error: Exception) -> str:
+def _syntax_name(ds) -> str:
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    return f"{getattr(syntax, 'name', syntax)!r} ({syntax})" if syntax else "unknown (no file meta)"
+
+
+# GDCM's JPEG 2000 path aborts the whole process (an uncaught C++ exception) on a corrupt
+# codestream header; where another plugin decodes JPEG 2000 (pylibjpeg-openjpeg), GDCM is not tried.
+_ABORTS_ON_CORRUPT = {"gdcm": ("JPEG 2000", "HTJ2K", "High-Throughput JPEG 2000")}
+_DECODE_LOCK = threading.Lock()
+
+
+def _plugins(ds) -> list[str]:
+    """The decoder plugins to try for a compressed DICOM, in pydicom's order ([""]: pydicom's choice)."""
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is None or not getattr(syntax, "is_compressed", False):
+        return [""]
+    available = list(dicom_decoders().get(syntax.name, ()))
+    safe = [p for p in available
+            if not any(str(syntax.name).startswith(kind) for kind in _ABORTS_ON_CORRUPT.get(p, ()))]
+    return safe if safe and len(safe) < len(available) else [""]
+
+
+def _decode_pixels(ds, where: str) -> np.ndarray:
+    """``ds.pixel_array``, the decoders kept quiet: what they print (libjpeg's "Corrupt JPEG data",
+    OpenJPEG's marker errors) and pydicom's per-plugin tracebacks are captured, and a failure is one
+    :class:`DatasetError` line naming the file, the transfer syntax and each decoder's reason."""
+    failures: list[str] = []
+    for plugin in _plugins(ds):
+        with _DECODE_LOCK, _quiet_logger("pydicom"), _captured_stderr() as said, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                if plugin:
+                    ds.pixel_array_options(decoding_plugin=plugin)
+                return np.asarray(ds.pixel_array)
+            except Exception as e:  # noqa: BLE001 -- every decoder failure becomes the file's reason
+                error = e
+        failures.append(_reason(error, plugin, said))
+    raise DatasetError(_undecodable(ds, where, "; ".join(failures)))
+
+
+def _reason(error: Exception, plugin: str, said: list[str]) -> str:
+    """One decoder failure as text: pydicom's "exceptions were raised by all available plugins"
+    list flattened, GDCM's empty buffer named for what it is, the decoder's own output appended."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines()]
+    if lines and lines[0].startswith("Unable to decode as exceptions were raised by all available plugins"):
+        parts = [line for line in lines[1:] if line]
+    else:
+        parts = [f"{plugin + ': ' if plugin else ''}{type(error).__name__}: {' '.join(lines)}"]
+    # pydicom's GDCM plugin calls .encode() on the frame GDCM returns: None when GDCM could not decode it
+    parts = [p.replace("'NoneType' object has no attribute 'encode'", "the decoder returned no pixels (corrupt or "
+                       "unsupported data)") for p in parts]
+    parts = [re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", p) for p in parts]  # Pillow names its buffer
+    noise = " ".join(" ".join(said).split())
+    if noise:
+        parts.append(f"decoder output: {noise[:300]}")
+    return "; ".join(parts)
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """Silence logger ``name`` and its children (pydicom logs a traceback per failing decoder plugin)."""
+    import logging
+
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _captured_stderr():
+    """Collect what C libraries write to file descriptor 2 while the block runs (yields a list that
+    holds the text afterwards); Python's ``sys.stderr`` is left alone."""
+    import os
+    import sys
+    import tempfile
+
+    said: list[str] = []
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded interpreters): capture nothing
+        yield said
+        return
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            said.append(sink.read(4096).decode("utf-8", "replace"))
+
+
+def _undecodable(ds, where: str, reason: str) -> str:
     """Why a DICOM's pixel data did not decode, naming the file and its transfer syntax."""
     syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-    name = f"{getattr(syntax, 'name', syntax)!r} ({syntax})" if syntax else "unknown (no file meta)"
+    name = _syntax_name(ds)
     if syntax is not None and getattr(syntax, "is_compressed", False) and not dicom_decoders().get(syntax.name):
         return (f"{where}: cannot decode its pixel data: transfer syntax {name} has no decoder installed "
                 f"(the medical extra decodes JPEG, JPEG-LS, JPEG 2000, HTJ2K and RLE; see docs/datasets.md)")
-    return f"{where}: cannot decode its pixel data (transfer syntax {name}): {type(error).__name__}: {error}"
+    return f"{where}: cannot decode its pixel data (transfer syntax {name}): {reason}"
 
 
 def _apply_palette(pydicom, arr: np.ndarray, ds, where: str) -> np.ndarray:

@@ -128,20 +128,27 @@ def dataset_provenance(dataset: Any) -> DatasetProvenance | None:
     return prov if isinstance(prov, DatasetProvenance) else None
 
 
-def write_skipped(dataset: Any, run_dir: str | Path) -> Path | None:
+def write_skipped(dataset: Any, run_dir: str | Path, **fields: Any) -> Path:
     """Write the dataset's skipped rows to ``run_dir/skipped_records.jsonl`` (replacing an older
-    list); ``None`` and no file (an older one removed) when nothing was skipped."""
+    list), one JSON object per row with ``fields`` added. Every run folder gets the file: empty
+    when nothing was skipped, so "no skips" is written down, not assumed."""
+    return write_skipped_of([(dataset, fields)], run_dir)
+
+
+def write_skipped_of(datasets: Any, run_dir: str | Path) -> Path:
+    """:func:`write_skipped` for several ``(dataset, fields)`` pairs into one file (a trainer's
+    train and held-out splits, ``fields={"split": ...}``)."""
     import json
 
     path = Path(run_dir) / SKIPPED_FILE
-    prov = dataset_provenance(dataset)
-    if prov is None or not prov.skipped:
-        path.unlink(missing_ok=True)
-        return None
+    lines = []
+    for dataset, fields in datasets:
+        prov = dataset_provenance(dataset)
+        for row in ([] if prov is None else prov.skipped):
+            lines.append(json.dumps({"dataset": prov.name, **fields, **row}, ensure_ascii=False, default=str) + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps({"dataset": prov.name, **row}, ensure_ascii=False, default=str) + "\n"
-                           for row in prov.skipped), encoding="utf-8")
+    tmp.write_text("".join(lines), encoding="utf-8")
     tmp.replace(path)
     return path
 
@@ -188,3 +195,19 @@ def records_sha256(records: Any) -> str:
         data["image_paths"] = [images.setdefault(p, content_sha256(p)) for p in data["image_paths"]]
         h.update(json.dumps(data, sort_keys=True, default=str).encode() + b"\n")
     return h.hexdigest()
+
+
+def check_not_all_skipped(dataset: Any, listed_in: str | Path | None = None) -> None:
+    """Raise a :class:`DatasetError` naming it when a loader skipped every row (``on_invalid='skip'``
+    left nothing to run), with the reasons counted and where the list is."""
+    from medvqa_env.errors import DatasetError
+
+    prov = dataset_provenance(dataset)
+    if len(dataset) or prov is None or not prov.n_skipped:
+        return
+    reasons = ", ".join(f"{k} {v}" for k, v in prov.skipped_by_reason().items())
+    first = prov.skipped[0]
+    where = f"; every row is listed in {listed_in}" if listed_in is not None else ""
+    raise DatasetError(f"every row of dataset {prov.name!r} was skipped ({prov.n_skipped} of {prov.n_skipped} rows, "
+                       f"on_invalid='skip'): {reasons}; the first: {first['source']} {first['where']}: "
+                       f"{first['reason']}{where}")

@@ -168,8 +168,9 @@ class VQARecord:
     ``options`` maps MCQ letters to option text (empty for CLOSED/OPEN); ``answer`` is the ground
     truth text (for MCQ: one of the option letters).
 
-    Creation validates: a non-empty id, question and answer, at least one image, and an MCQ with
-    at least two options whose answer is one of their letters. Each failure is a
+    Creation validates: a non-empty id, question and answer, at least one image, an answer that
+    does not normalise to nothing (``"."``: :func:`rewards.normalize.normalize_text`), and an MCQ
+    with at least two options whose answer is one of their letters. Each failure is a
     :class:`DatasetError` naming the record; loaders prefix the file and line.
     """
 
@@ -213,6 +214,12 @@ class VQARecord:
             if self.answer not in self.options:
                 raise DatasetError(f"{where}: MCQ answer {self.answer!r:.60} is not one of its options "
                                    f"{sorted(self.options)} (the answer of an MCQ is an option letter)")
+        else:
+            from rewards.normalize import normalize_text  # the normalisation every score uses
+
+            if not normalize_text(self.answer):
+                raise DatasetError(f"{where} has an empty answer once normalised (got {self.answer!r:.60}: nothing "
+                                   f"but punctuation); no answer can be scored against it")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -8,8 +8,10 @@ take the *best* BLEU over the references (``VQA-Med-2021--VQA--Evaluator.py``: `
 and ``max(bleu_scores_of_all_possibilities)``; the 2019 test README: "retrieving one of the answers
 is considered correct").
 
-:class:`BestOfAlternatives` wraps any reward so that a sample is scored against each accepted
-answer and keeps the best total (``build_reward("alternatives")`` wraps the default reward,
+The built-in rewards credit alternatives themselves (:mod:`rewards.matching`: rule and exact
+match take any alternative, ARMed the best-scoring one). :class:`BestOfAlternatives` does it for
+any other reward (MediX's judge, GRASP's BERTScore, a custom one): a sample is scored against each
+accepted answer and keeps the best total (``build_reward("alternatives")`` wraps the default reward,
 ``build_reward("alternatives:reward=armed")`` another). The evaluation's metrics do the same
 (:mod:`eval.scoring`).
 
@@ -34,17 +36,20 @@ ALTERNATIVES_KEY = "answer_alternatives"
 
 def accepted_answers(ground_truth: str, metadata: Mapping[str, Any] | None = None) -> list[str]:
     """The ground truth and every accepted alternative in ``metadata["answer_alternatives"]``,
-    ground truth first, no repeats, no empty strings.
+    ground truth first, no repeats, no alternative that normalises to nothing ("", ".").
 
-    >>> accepted_answers("a", {"answer_alternatives": ["a", "b", "", "b"]})
+    >>> accepted_answers("a", {"answer_alternatives": ["a", "b", "", "b", "."]})
     ['a', 'b']
     >>> accepted_answers("yes")
     ['yes']
     """
+    from rewards.normalize import normalize_text
+
     alternatives = (metadata or {}).get(ALTERNATIVES_KEY) or ()
     if isinstance(alternatives, str):
         alternatives = (alternatives,)
-    return [a for a in dict.fromkeys([ground_truth, *(str(a).strip() for a in alternatives)]) if a]
+    others = [a for a in (str(a).strip() for a in alternatives) if normalize_text(a)]
+    return [a for a in dict.fromkeys([ground_truth, *others]) if a]
 
 
 class BestOfAlternatives(RewardFunction):
@@ -65,7 +70,8 @@ class BestOfAlternatives(RewardFunction):
         expanded, owner = [], []
         for i, sample in enumerate(batch):
             for ref in accepted_answers(sample.ground_truth, sample.metadata):
-                expanded.append(sample if ref == sample.ground_truth else replace(sample, ground_truth=ref))
+                expanded.append(replace(sample, ground_truth=ref,
+                                        metadata={**sample.metadata, ALTERNATIVES_KEY: []}))
                 owner.append(i)
         outs = self.reward(expanded) if expanded else []
         best: dict[int, tuple[int, RewardOutput]] = {}

@@ -25,13 +25,20 @@ True
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
+from medvqa_env.errors import ConfigError
 from rewards.adaptive import AdaptiveConfig, AdaptiveThresholds, squash
 from rewards.base import RewardFunction, RewardInput, RewardOutput
-from rewards.normalize import exact_match
+from rewards.matching import exact_match_any, references
 from rewards.text_metrics import lexical_scores
+
+log = logging.getLogger(__name__)
+UNCOVERED = ("text_only", "error")
+_WARNED_UNCOVERED: set[str] = set()
 
 
 @dataclass
@@ -63,12 +70,22 @@ class ARMedConfig:
     """Torch device for the encoders (the seed keeps them on CPU to leave the GPU to rollouts)."""
     batch_size: int = 64
     """Texts per encoder forward pass."""
+    uncovered: str = "text_only"
+    """What to do with a reference the encoders' vocabulary does not cover (a character read as
+    the unknown token: MiniLM reads every Chinese character as ``[UNK]``, so 肺 and 肝 would get
+    BERTScore and cosine 1.0). ``text_only`` (default): no BERTScore/cosine for that sample, which
+    is scored on BLEU-1/ROUGE-1 and format (gammas renormalised; component ``semantic`` 0, a
+    warning once); ``error``: refuse with a :class:`ConfigError` naming the encoder. An encoder
+    whose vocabulary covers the language (``bertscore_model``/``cosine_model``, a local folder)
+    scores it fully."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.lambda1 <= 1.0 or not 0.0 <= self.lambda2 <= 1.0:
             raise ValueError(f"expected lambda1, lambda2 in [0, 1], got {self.lambda1!r}, {self.lambda2!r}")
         if len(self.gammas) != 3 or min(self.gammas) < 0 or sum(self.gammas) <= 0:
             raise ValueError(f"expected three non-negative gammas with a positive sum, got {self.gammas!r}")
+        if self.uncovered not in UNCOVERED:
+            raise ValueError(f"expected uncovered in {list(UNCOVERED)}, got {self.uncovered!r}")
         if self.threshold_store not in ("local", "ray"):
             raise ValueError(f"expected threshold_store 'local' or 'ray', got {self.threshold_store!r}")
         if isinstance(self.adaptive, Mapping):
@@ -92,8 +109,13 @@ class ARMedReward(RewardFunction):
     Components: ``bleu1``, ``rouge1``, ``bertscore``, ``cosine`` (raw), ``threshold_bertscore``,
     ``threshold_cosine`` (in force for this batch: scoring never moves them, :meth:`end_batch`
     does), ``bertscore_adapt``, ``cosine_adapt``, ``format``,
-    ``r_c``, ``r_as``, ``r_total``, and ``accuracy`` (normalised exact match, for logging only).
-    A missing answer scores 0 on every metric and is kept out of the threshold buffers.
+    ``r_c``, ``r_as``, ``r_total``, ``semantic`` (1: BERTScore and cosine were computed; 0: the
+    encoders do not cover the reference, see :attr:`ARMedConfig.uncovered`, and the semantic
+    components are absent), ``alternative`` and ``n_alternatives`` (the accepted answer that scored
+    best: 0 is the record's ``answer``), and ``accuracy`` (normalised exact match against any
+    accepted answer, for logging only). A missing answer scores 0 on every metric and is kept out
+    of the threshold buffers; so are references the encoders do not cover, and the alternatives
+    that did not score best.
     """
 
     name = "armed"
@@ -137,11 +159,24 @@ class ARMedReward(RewardFunction):
         return self._encoders()[1] is None
 
     # -- scoring ------------------------------------------------------------------------------
-    def semantic_scores(self, candidates: Sequence[str], references: Sequence[str]) -> tuple[list[float], list[float]]:
-        """Raw BERTScore F1 and cosine similarity per pair (empty candidate -> 0, 0)."""
+    def covered(self, references: Sequence[str]) -> list[bool]:
+        """Per reference: whether the BERTScore and cosine encoders' vocabularies cover it."""
+        tok, sent = self._encoders()
+        ok = tok.covers(list(references))
+        if sent is not None:
+            ok = [a and b for a, b in zip(ok, sent.covers(list(references)))]
+        return ok
+
+    def semantic_scores(self, candidates: Sequence[str], references: Sequence[str]
+                        ) -> tuple[list[float | None], list[float | None]]:
+        """Raw BERTScore F1 and cosine similarity per pair (empty candidate -> 0, 0); ``None`` for
+        a pair whose reference the encoders do not cover (:attr:`ARMedConfig.uncovered`)."""
         from rewards.encoders import bertscore_f1, cosine
 
         tok, sent = self._encoders()
+        covered = self.covered(references)
+        if not all(covered):
+            self._uncovered([r for r, ok in zip(references, covered) if not ok])
         enc = tok.encode(list(candidates) + list(references))
         cand_enc, ref_enc = enc[: len(candidates)], enc[len(candidates):]
         bs = [bertscore_f1(c, r) for c, r in zip(cand_enc, ref_enc)]
@@ -152,37 +187,72 @@ class ARMedReward(RewardFunction):
             cos = [cosine(c, r) for c, r in zip(vec[: len(candidates)], vec[len(candidates):])]
         empty = [not c.strip() for c in candidates]
         # float32 encoders give 1.0000001 for identical texts: both scores are cosines, in [-1, 1]
-        return ([0.0 if e else _clamp(b) for b, e in zip(bs, empty)],
-                [0.0 if e else _clamp(x) for x, e in zip(cos, empty)])
+        return ([None if not ok else 0.0 if e else _clamp(b) for b, e, ok in zip(bs, empty, covered)],
+                [None if not ok else 0.0 if e else _clamp(x) for x, e, ok in zip(cos, empty, covered)])
+
+    def _uncovered(self, refs: Sequence[str]) -> None:
+        c = self.config
+        minilm = "all-MiniLM-L6-v2 (English vocabulary)"
+        model = (minilm if not (c.bertscore_model or c.cosine_model)
+                 else f"{c.bertscore_model or minilm} / {c.cosine_model or minilm}")
+        message = (f"ARMed's encoder {model} has no vocabulary for {len(refs)} reference answer(s), e.g. "
+                   f"{refs[0]!r:.40} (read as the unknown token): BERTScore and cosine could not tell a "
+                   f"right answer from a wrong one")
+        if c.uncovered == "error":
+            raise ConfigError(f"{message}; give bertscore_model/cosine_model a local encoder that covers the "
+                              f"language, or uncovered='text_only' to score such answers on BLEU-1/ROUGE-1 "
+                              f"and format (docs/rewards.md)")
+        if model not in _WARNED_UNCOVERED:  # once per encoder and process: the env's and the eval's ARMed alike
+            _WARNED_UNCOVERED.add(model)
+            log.warning("%s; such answers are scored on BLEU-1/ROUGE-1 and format only (uncovered='text_only', "
+                        "docs/rewards.md)", message)
 
     def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
         if not batch:
             return []
         c = self.config
-        cands = [s.answer if s.answer is not None else "" for s in batch]
-        refs = [s.ground_truth for s in batch]
+        # every accepted answer of each sample is scored; the best total is the sample's
+        owner, cands, refs, alt = [], [], [], []
+        for i, s in enumerate(batch):
+            for k, ref in enumerate(references(s.ground_truth, s.metadata)):
+                owner.append(i)
+                alt.append(k)
+                cands.append(s.answer if s.answer is not None else "")
+                refs.append(ref)
         bleu, rouge = lexical_scores(cands, refs, stem=c.stem)
         bert, cos = self.semantic_scores(cands, refs)
-        keep = [i for i, cand in enumerate(cands) if cand.strip()]
         used = self.thresholds.current()
-        self.thresholds.observe({"bertscore": [bert[i] for i in keep], "cosine": [cos[i] for i in keep]})
         a = c.adaptive
         g1, g2, g3 = c.gammas
+        best: dict[int, tuple[float, dict[str, float], int]] = {}
+        for j, i in enumerate(owner):
+            s = batch[i]
+            r_c = c.lambda1 * bleu[j] + (1 - c.lambda1) * rouge[j]
+            r_f = 1.0 if (s.format_ok and s.answer is not None) else 0.0
+            comps = {"bleu1": bleu[j], "rouge1": rouge[j]}
+            if bert[j] is not None:
+                b_ad = squash(bert[j], used["bertscore"], a.alpha_pos, a.alpha_neg)
+                c_ad = squash(cos[j], used["cosine"], a.alpha_pos, a.alpha_neg)
+                r_as = c.lambda2 * b_ad + (1 - c.lambda2) * c_ad
+                r_total = (g1 * r_c + g2 * r_as + g3 * r_f) / (g1 + g2 + g3)
+                comps.update({"bertscore": bert[j], "cosine": cos[j], "bertscore_adapt": b_ad,
+                              "cosine_adapt": c_ad, "r_as": r_as, "semantic": 1.0})
+            else:  # the encoders cannot read the reference: the text metrics and the format decide
+                r_total = (g1 * r_c + g3 * r_f) / (g1 + g3) if g1 + g3 > 0 else 0.0
+                comps["semantic"] = 0.0
+            comps.update({"threshold_bertscore": used["bertscore"], "threshold_cosine": used["cosine"],
+                          "format": r_f, "r_c": r_c, "r_total": r_total, "alternative": float(alt[j])})
+            if i not in best or r_total > best[i][0]:
+                best[i] = (r_total, comps, j)
+        keep = [j for _, _, j in best.values() if cands[j].strip() and bert[j] is not None]
+        self.thresholds.observe({"bertscore": [bert[j] for j in keep], "cosine": [cos[j] for j in keep]})
+        n_refs = Counter(owner)
         out = []
         for i, s in enumerate(batch):
-            b_ad = squash(bert[i], used["bertscore"], a.alpha_pos, a.alpha_neg)
-            c_ad = squash(cos[i], used["cosine"], a.alpha_pos, a.alpha_neg)
-            r_c = c.lambda1 * bleu[i] + (1 - c.lambda1) * rouge[i]
-            r_as = c.lambda2 * b_ad + (1 - c.lambda2) * c_ad
-            r_f = 1.0 if (s.format_ok and s.answer is not None) else 0.0
-            r_total = (g1 * r_c + g2 * r_as + g3 * r_f) / (g1 + g2 + g3)
-            out.append(RewardOutput(2.0 * r_total - 1.0, {
-                "bleu1": bleu[i], "rouge1": rouge[i], "bertscore": bert[i], "cosine": cos[i],
-                "threshold_bertscore": used["bertscore"], "threshold_cosine": used["cosine"],
-                "bertscore_adapt": b_ad, "cosine_adapt": c_ad, "format": r_f,
-                "r_c": r_c, "r_as": r_as, "r_total": r_total,
-                "accuracy": float(exact_match(s.answer, s.ground_truth)),
-            }))
+            r_total, comps, _ = best[i]
+            comps["n_alternatives"] = float(n_refs[i])
+            comps["accuracy"] = float(exact_match_any(s.answer, references(s.ground_truth, s.metadata)))
+            out.append(RewardOutput(2.0 * r_total - 1.0, comps))
         return out
 
     # -- batch boundary and checkpoint state -------------------------------------------------

@@ -149,6 +149,20 @@ class TokenEncoder:
         return self._tokenizer([t.strip() for t in texts], add_special_tokens=True, truncation=True,
                                max_length=self._max_length)["input_ids"]
 
+    def covers(self, texts: Sequence[str]) -> list[bool]:
+        """Whether the model's vocabulary covers each text: no character of it is tokenised as the
+        unknown token (MiniLM's English vocabulary reads 肺 and 肝 both as ``[UNK]``, so their
+        BERTScore and cosine are 1.0: a number that cannot tell them apart)."""
+        with self._lock:
+            self._load()
+            cache = self.__dict__.setdefault("_covers_cache", _LRU(self.cache_size))  # references repeat
+            found = {t: cache[t] for t in dict.fromkeys(texts) if t in cache}
+            todo = [t for t in dict.fromkeys(texts) if t not in found]
+            for t, ok in zip(todo, vocabulary_covers(self._tokenizer, todo)):
+                found[t] = ok
+                cache.put(t, ok)
+            return [found[t] for t in texts]
+
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Encodings of ``texts`` in order; each distinct uncached text is encoded once."""
         with self._lock:
@@ -207,6 +221,16 @@ class TokenEncoder:
         lengths = [len(row) for row in ids]
         starts = np.cumsum([0] + lengths[:-1]).tolist()
         return torch.cat(rows), starts, lengths
+
+
+def vocabulary_covers(tokenizer: Any, texts: Sequence[str]) -> list[bool]:
+    """Per text: whether ``tokenizer`` has a token for all of it (none of its ids is the unknown
+    token's). A tokenizer without an unknown token (byte-level BPE) covers everything."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not texts:
+        return [True] * len(texts)
+    ids = tokenizer([t.strip() for t in texts], add_special_tokens=False)["input_ids"]
+    return [unk not in row for row in ids]
 
 
 def torch_normalize(x) -> np.ndarray:
@@ -268,13 +292,22 @@ class SentenceEncoder:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
+    def _load(self) -> None:
+        if self._model is None:
+            from sentence_transformers import SentenceTransformer
+
+            self.model_path = self.model_path or default_model_path()
+            self._model = SentenceTransformer(self.model_path, device=self.device)
+
+    def covers(self, texts: Sequence[str]) -> list[bool]:
+        """Whether the model's vocabulary covers each text (see :meth:`TokenEncoder.covers`)."""
+        with self._lock:
+            self._load()
+            return vocabulary_covers(self._model.tokenizer, texts)
+
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         with self._lock:
-            if self._model is None:
-                from sentence_transformers import SentenceTransformer
-
-                self.model_path = self.model_path or default_model_path()
-                self._model = SentenceTransformer(self.model_path, device=self.device)
+            self._load()
             found = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
             todo = [t for t in dict.fromkeys(texts) if t not in found]
             if todo:

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rewards.base import RewardFunction, RewardInput, RewardOutput
-from rewards.normalize import exact_match
+from rewards.matching import exact_match_any, references
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 _BOXED = re.compile(r"\\boxed\{.*?\}|<answer>.*?</answer>", re.S)
@@ -162,7 +162,7 @@ class GRASPReward(RewardFunction):
                else [None] * len(batch))
         out = []
         for i, s in enumerate(batch):
-            em = self.em_value if exact_match(s.answer, s.ground_truth) else 0.0
+            em = self.em_value if exact_match_any(s.answer, references(s.ground_truth, s.metadata)) else 0.0
             penalty = self.no_answer_penalty if s.answer is None else (0.0 if s.format_ok else self.bad_format_penalty)
             syn_term = min(max(syn[i], 0.0), 1.0)
             comps = {"exact_match": em, "synonym": syn_term, "format_penalty": penalty, "accuracy": float(em > 0)}

@@ -8,25 +8,66 @@
 'B'
 >>> parse_mcq_letter("the answer is a mass in the liver", {"A": "CT", "B": "MRI"}) is None   # an article
 True
+
+Every script the supported datasets use is normalised the same way: NFKC (full-width letters and
+digits become ASCII), lowercase, every Unicode punctuation character dropped (``。，？！：（）`` as
+well as ASCII's), spaces between CJK characters dropped (``左 肺`` is ``左肺``), accents kept
+(``pulmón`` stays one word):
+
+>>> normalize_text("肺。"), normalize_text("（左 肺）"), normalize_text("¿Pulmón?"), normalize_text("ＭＲＩ！")
+('肺', '左肺', 'pulmón', 'mri')
+>>> normalize_yes_no("是的。"), normalize_yes_no("否"), normalize_yes_no("Sí")
+('yes', 'no', 'yes')
+
+A text that normalises to nothing ("." or "") matches nothing; an answer that is only an article
+keeps it ("A" the blood group, the option letter):
+
+>>> exact_match("", "."), exact_match("the", "."), normalize_text("A")
+(False, False, 'a')
 """
 
 from __future__ import annotations
 
 import re
 import string
+import unicodedata
+from functools import lru_cache
 from typing import Mapping
 
-_YES = {"yes", "y", "true", "present", "positive", "correct", "yeah", "yep", "affirmative"}
-_NO = {"no", "n", "false", "absent", "negative", "incorrect", "nope", "not present"}
-_PUNCT = str.maketrans("", "", string.punctuation)
+# yes/no in the languages of the supported datasets (SLAKE's Chinese: 是/否, 有/没有; Spanish: sí/no)
+_YES = {"yes", "y", "true", "present", "positive", "correct", "yeah", "yep", "affirmative",
+        "是", "是的", "对", "有", "sí", "si"}
+_NO = {"no", "n", "false", "absent", "negative", "incorrect", "nope", "not present",
+       "否", "不是", "不", "不对", "没有", "无"}
+_ASCII_PUNCT = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+CJK_CHARS = ("\u2e80-\u2fdf\u3005\u3007\u3021-\u3029\u3040-\u30ff\u3100-\u312f\u31a0-\u31bf\u31f0-\u31ff"
+             "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f")
+"""Han ideographs, kana and bopomofo: scripts written without spaces, scored per character."""
+_CJK_GAP = re.compile(f"(?<=[{CJK_CHARS}])\\s+(?=[{CJK_CHARS}])")
 
 
+def is_punctuation(char: str) -> bool:
+    """A Unicode punctuation character (categories Pc, Pd, Ps, Pe, Pi, Pf, Po) or ASCII punctuation."""
+    return char in string.punctuation or unicodedata.category(char).startswith("P")
+
+
+@lru_cache(maxsize=65536)
 def normalize_text(text: str) -> str:
-    """Lowercase, drop punctuation and articles, squeeze spaces (SQuAD-style)."""
-    text = str(text).lower().translate(_PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+    """NFKC, lowercase, drop every punctuation character and the English articles, squeeze spaces
+    (SQuAD-style; spaces between CJK characters go). ASCII text is normalised exactly as before
+    (``string.punctuation`` dropped); an answer that is nothing but articles keeps them."""
+    text = str(text)
+    if text.isascii():
+        text = text.lower().translate(_ASCII_PUNCT)
+    else:
+        text = unicodedata.normalize("NFKC", text).lower()
+        text = "".join(c for c in text if not is_punctuation(c))
+    words = " ".join(text.split())
+    stripped = " ".join(_ARTICLES.sub(" ", words).split())
+    if not stripped.isascii():
+        stripped = _CJK_GAP.sub("", stripped)
+    return stripped or words
 
 
 def normalize_yes_no(text: str | None) -> str | None:
@@ -82,10 +123,12 @@ def parse_mcq_letter(text: str | None, options: Mapping[str, str]) -> str | None
 
 
 def exact_match(prediction: str | None, truth: str) -> bool:
-    """Normalised exact match (yes/no synonyms folded)."""
+    """Normalised exact match (yes/no synonyms folded); a side that normalises to nothing never matches."""
     if prediction is None:
         return False
     p, t = normalize_text(prediction), normalize_text(truth)
+    if not p or not t:
+        return False
     if p == t:
         return True
     yp, yt = normalize_yes_no(prediction), normalize_yes_no(truth)

@@ -1,5 +1,5 @@
 """Rule rewards for CLOSED (yes/no) and MCQ questions (seed 000 §4.1): ``+1`` if the format is
-right and the answer matches, else ``-1``.
+right and the answer matches (any accepted alternative, :mod:`rewards.matching`), else ``-1``.
 
 >>> from medvqa_env.records import AnswerType
 >>> r = RuleReward()
@@ -14,24 +14,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from medvqa_env.records import AnswerType
 from rewards.base import RewardFunction, RewardInput, RewardOutput
-from rewards.normalize import exact_match, normalize_yes_no, parse_mcq_letter
+from rewards.matching import answer_matches, exact_match_any, references
 
-
-def answer_matches(sample: RewardInput) -> bool:
-    """Whether ``sample.answer`` is right, by the rule for its answer type."""
-    if sample.answer is None:
-        return False
-    if sample.answer_type is AnswerType.MCQ:
-        chosen = parse_mcq_letter(sample.answer, sample.options)
-        truth = parse_mcq_letter(sample.ground_truth, sample.options) or sample.ground_truth.strip().upper()
-        return chosen is not None and chosen == truth
-    if sample.answer_type is AnswerType.CLOSED:
-        yp, yt = normalize_yes_no(sample.answer), normalize_yes_no(sample.ground_truth)
-        if yt is not None:
-            return yp == yt
-    return exact_match(sample.answer, sample.ground_truth)
+__all__ = ["ExactMatchReward", "RuleReward", "answer_matches"]
 
 
 class RuleReward(RewardFunction):
@@ -60,7 +46,7 @@ class ExactMatchReward(RewardFunction):
     def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
         out = []
         for s in batch:
-            match = exact_match(s.answer, s.ground_truth)
+            match = exact_match_any(s.answer, references(s.ground_truth, s.metadata))
             out.append(RewardOutput(1.0 if match and s.format_ok else -1.0,
                                     {"accuracy": float(match), "format": float(s.format_ok)}))
         return out

@@ -1,8 +1,12 @@
 """Lexical metrics for open answers: BLEU-1 (as nltk) and ROUGE-1 F (as rouge-score).
 
-Both use one tokenisation, rouge-score's default tokenizer: lowercase, every run of characters
-outside ``[a-z0-9]`` is a separator (so "Left-lower lobe," -> ``left lower lobe``), no stemming
-unless asked. BLEU-1 is nltk's ``sentence_bleu`` with ``weights=(1.0,)`` and a single reference:
+Both use one tokenisation (:func:`tokenize`). ASCII text goes through rouge-score's default
+tokenizer: lowercase, every run of characters outside ``[a-z0-9]`` is a separator (so "Left-lower
+lobe," -> ``left lower lobe``), no stemming unless asked. Any other text is NFKC-normalised and
+lowercased, and then each CJK character (Han, kana) is one token -- Chinese VQA answers are
+scored on characters -- and each run of other letters and digits is a word, accents included
+("pulmón izquierdo" -> ``pulmón izquierdo``, where rouge-score would cut ``pulm n``); Porter
+stemming, when asked, applies to ASCII words only. BLEU-1 is nltk's ``sentence_bleu`` with ``weights=(1.0,)`` and a single reference:
 clipped unigram precision times the brevity penalty, **no smoothing** (zero overlap -> 0.0, and an
 empty candidate or reference -> 0.0). ROUGE-1 is rouge-score's unigram F-measure.
 
@@ -17,30 +21,51 @@ equal ``nltk`` and ``rouge-score`` exactly on every VQA-RAD answer pair it draws
 0.8571
 >>> bleu1("", "liver"), rouge1("kidney", "liver")
 (0.0, 0.0)
+>>> tokenize("左肺。"), tokenize("Pulmón izquierdo")
+(('左', '肺'), ('pulmón', 'izquierdo'))
+>>> round(rouge1("右肺", "左肺"), 4), rouge1("肝", "肺")
+(0.5, 0.0)
 """
 
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections import Counter
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Sequence
 
-from rouge_score import rouge_scorer
+from rewards.normalize import CJK_CHARS
 
-_SCORERS: dict[bool, rouge_scorer.RougeScorer] = {}
+_SCORERS: dict[bool, Any] = {}
+# one CJK character, or a run of other letters/digits (``[^\W_]``: \w without the underscore)
+_UNICODE_TOKEN = re.compile(f"[{CJK_CHARS}]|(?:(?![{CJK_CHARS}])[^\\W_])+")
 
 
-def _scorer(stem: bool) -> rouge_scorer.RougeScorer:
+def _scorer(stem: bool):
     if stem not in _SCORERS:
+        from rouge_score import rouge_scorer
+
         _SCORERS[stem] = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=stem)
     return _SCORERS[stem]
 
 
 @lru_cache(maxsize=65536)
 def tokenize(text: str, stem: bool = False) -> tuple[str, ...]:
-    """rouge-score's tokenisation (lowercase, alphanumeric runs), optionally Porter-stemmed."""
-    return tuple(_scorer(stem)._tokenizer.tokenize(text or ""))
+    """The metrics' tokens (see the module docstring): rouge-score's for ASCII text, characters
+    for CJK and accented words for other scripts otherwise; optionally Porter-stemmed."""
+    text = text or ""
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    tokenizer = _scorer(stem)._tokenizer
+    if text.isascii():
+        return tuple(tokenizer.tokenize(text))
+    tokens = _UNICODE_TOKEN.findall(text.lower())
+    stemmer = getattr(tokenizer, "_stemmer", None) if stem else None
+    if stemmer is not None:  # rouge-score stems words of more than 3 characters; Porter is for English
+        tokens = [stemmer.stem(t) if len(t) > 3 and t.isascii() else t for t in tokens]
+    return tuple(tokens)
 
 
 @lru_cache(maxsize=65536)

@@ -265,8 +265,39 @@ def write_run_record(out: Path, args: Any, resumed_at: int | None) -> dict[str, 
             if k in MAY_CHANGE_ON_RESUME and old.get(k) != v and k not in ("resume", "allow_changed")]
         with (out / "resumes.jsonl").open("a") as f:
             f.write(json.dumps({"step": resumed_at, "changes": changes}) + "\n")
+    record["dataset_skipped"] = record_dataset_skips(out, args)
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     return record
+
+
+def record_dataset_skips(out: Path, args: Any) -> dict[str, Any] | None:
+    """The rows the trainer's datasets skipped (``--dataset-opt on_invalid=skip``), per split
+    (``split`` and ``eval_split``): listed in ``out/skipped_records.jsonl`` (empty: none), counted
+    in ``args.json`` and on stderr; a split whose every row was skipped is an error naming it."""
+    import logging
+
+    from medvqa_env.config import parse_options
+    from medvqa_env.datasets import load_dataset
+    from medvqa_env.provenance import SKIPPED_FILE, write_skipped_of, check_not_all_skipped, dataset_provenance
+
+    if not isinstance(getattr(args, "dataset", None), str):
+        return None
+    options = parse_options(getattr(args, "dataset_opt", None), "--dataset-opt")
+    splits = [s for s in dict.fromkeys((getattr(args, "split", None), getattr(args, "eval_split", None))) if s]
+    loaded = [(load_dataset(args.dataset, split=s, **options), {"split": s}) for s in splits]
+    write_skipped_of(loaded, out)
+    counts: dict[str, Any] = {}
+    for dataset, fields in loaded:
+        check_not_all_skipped(dataset, out / SKIPPED_FILE)
+        prov = dataset_provenance(dataset)
+        counts[fields["split"]] = {"n_records": len(dataset), "n_skipped": prov.n_skipped if prov else 0,
+                                   "skipped_by_reason": prov.skipped_by_reason() if prov else {}}
+        if prov is not None and prov.n_skipped:
+            logging.getLogger("train").warning("%s/%s: %d row(s) skipped by the loader (%s); listed in %s",
+                                               args.dataset, fields["split"], prov.n_skipped,
+                                               ", ".join(f"{k} {v}" for k, v in prov.skipped_by_reason().items()),
+                                               out / SKIPPED_FILE)
+    return counts
 
 
 # ==============================================================================================

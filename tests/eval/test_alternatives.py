@@ -80,7 +80,8 @@ def test_the_harness_scores_alternatives(vqamed_root, tmp_path):
     assert second["correct"] and second["metrics"]["armed_avg"] == 1.0 and len(second["references"]) == 4
 
 
-@pytest.mark.parametrize("reward, mass, emboli", [("exact_match", -1.0, -1.0), ("alternatives:reward=exact_match", 1.0, 1.0)])
+# issue 27: the plain rewards credit alternatives too (the eval's ``correct`` and the reward agree)
+@pytest.mark.parametrize("reward, mass, emboli", [("exact_match", 1.0, 1.0), ("alternatives:reward=exact_match", 1.0, 1.0)])
 def test_env_reward_option_scores_the_best_alternative(vqamed_root, reward, mass, emboli):
     env = gym.make("MedVQA-v0", dataset="vqamed", split="test", dataset_options={"root": str(vqamed_root)},
                    tools=[], reward=reward)
@@ -95,7 +96,7 @@ def test_env_reward_option_scores_the_best_alternative(vqamed_root, reward, mass
         assert info["reward_components"]["alternative"] in (1.0, 2.0) and info["reward_components"]["n_alternatives"] == 4
 
 
-def test_default_reward_with_alternatives_lifts_an_accepted_answer(vqamed_root):
+def test_default_reward_credits_an_accepted_answer_as_the_alternatives_wrapper_does(vqamed_root):
     plain = gym.make("MedVQA-v0", dataset="vqamed", split="test", dataset_options={"root": str(vqamed_root)}, tools=[])
     best = gym.make("MedVQA-v0", dataset="vqamed", split="test", dataset_options={"root": str(vqamed_root)}, tools=[],
                     reward="alternatives")
@@ -103,4 +104,5 @@ def test_default_reward_with_alternatives_lifts_an_accepted_answer(vqamed_root):
     for env in (plain, best):
         env.reset(seed=0, options={"index": 1})
         rewards.append(env.step(r"<think>t</think>\boxed{mass}")[1])
-    assert rewards[0] < 0 < 0.9 < rewards[1]  # ARMed: wrong against the first answer, right against "mass"
+    # ARMed scores the best accepted answer itself (issue 27: it was -0.4, wrong against the first answer)
+    assert 0.9 < rewards[0] == pytest.approx(rewards[1])

@@ -50,7 +50,7 @@ def test_a_run_that_scores_nothing_exits_1(tmp_path, capsys):
     assert (summary["n_episodes"], summary["n_scored"], summary["n_errors"]) == (5, 0, 5)
     assert summary["errors_by_kind"] == {"dataset_error": 5}
     report = (out / "report.md").read_text().splitlines()
-    assert report[2] == "**Errors: 5 of 5 episodes (dataset_error 5); 0 scored.**"
+    assert report[2] == "**Errors: 5 of 5 episodes (dataset_error 5); 0 scored. Dataset rows skipped by the loader: 0.**"
     assert "Errors: 5 of 5 episodes (dataset_error 5); 0 scored." in (out / "report.html").read_text()
     # the decode check finds them at load instead: a user error (2) naming the first and the count
     assert main(["--dataset", str(manifest), "--out", str(tmp_path / "run2"), "--dataset-opt", "check_images=decode",
@@ -73,7 +73,7 @@ def test_error_share_over_max_error_rate_exits_1(tmp_path, capsys):
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert (summary["n_episodes"], summary["n_scored"], summary["n_errors"]) == (6, 5, 1)
     assert (tmp_path / "b" / "report.md").read_text().splitlines()[2] == \
-        "**Errors: 1 of 6 episodes (dataset_error 1); 5 scored.**"
+        "**Errors: 1 of 6 episodes (dataset_error 1); 5 scored. Dataset rows skipped by the loader: 0.**"
     assert main([*args, "--out", str(tmp_path / "c"), "--limit", "1"]) == 0  # q00 alone: nothing wrong
 
 
@@ -103,4 +103,19 @@ def test_skipped_dataset_rows_are_listed_in_the_run_folder_and_counted(tmp_path,
     manifest.write_text("".join(manifest.read_text().splitlines(True)[:6]))
     assert main(["--dataset", str(manifest), "--out", str(tmp_path / "fixed"), "--dataset-opt", "on_invalid=skip",
                  *BASE]) == 0
-    assert not (tmp_path / "fixed" / "skipped_records.jsonl").exists()
+    assert (tmp_path / "fixed" / "skipped_records.jsonl").read_text() == ""  # written down: none skipped
+
+
+def test_a_dataset_whose_every_row_was_skipped_names_itself_and_exits_nonzero(tmp_path, capsys):
+    """Issue 27: the loader skipped all rows -> not a bare "no records", but what happened, with the list."""
+    from eval.run import main
+
+    manifest = write_manifest(tmp_path / "data", n=3)
+    manifest.write_text(manifest.read_text().replace('"answer": "yes"', '"answer": "."'))
+    out = tmp_path / "run"
+    assert main(["--dataset", str(manifest), "--out", str(out), "--dataset-opt", "on_invalid=skip", *BASE]) == 2
+    err = capsys.readouterr().err
+    assert "every row of dataset 'data' was skipped (3 of 3 rows, on_invalid='skip'): empty answer once normalised 3" in err
+    assert f"every row is listed in {out / 'skipped_records.jsonl'}" in err
+    skipped = [json.loads(line) for line in (out / "skipped_records.jsonl").read_text().splitlines()]
+    assert [s["record_id"] for s in skipped] == ["q00", "q01", "q02"]

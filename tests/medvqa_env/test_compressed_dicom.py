@@ -110,3 +110,51 @@ def test_undecodable_syntax_and_text_named_dcm_are_clear_errors(tmp_path):
     with pytest.raises(DatasetError, match=r"notes\.dcm' is not a DICOM file: no 'DICM' marker at byte 128 and no "
                                            r"DICOM data element in it \(it starts b'hello, this"):
         load_image(tmp_path / "notes.dcm", "r3")
+
+
+def test_a_corrupt_compressed_dicom_is_one_quiet_line_naming_file_syntax_and_reason(tmp_path, capfd):
+    """Issue 27: libjpeg's "Corrupt JPEG data" and pydicom's per-plugin tracebacks used to flood
+    stderr and the reason read "'NoneType' object has no attribute 'encode'"."""
+    plain = _plain(tmp_path / "plain.dcm")
+    data = bytearray(_gdcm_recode(plain, tmp_path / "jll.dcm", gdcm.TransferSyntax.JPEGLosslessProcess14_1).read_bytes())
+    soi = bytes(data).index(b"\xff\xd8")
+    data[soi + 2: soi + 80] = b"\x13" * 78  # the JPEG header garbled
+    (tmp_path / "bad.dcm").write_bytes(bytes(data))
+    capfd.readouterr()
+    with pytest.raises(DatasetError) as caught:
+        load_image(tmp_path / "bad.dcm", "r1")
+    message = str(caught.value)
+    assert "\n" not in message and "NoneType" not in message
+    assert message.startswith(f"record 'r1': image '{tmp_path / 'bad.dcm'}': cannot decode its pixel data (transfer "
+                              "syntax 'JPEG Lossless, Non-Hierarchical, First-Order Prediction")
+    assert "(1.2.840.10008.1.2.4.70)): gdcm: the decoder returned no pixels" in message
+    assert "decoder output: Corrupt JPEG data" in message  # what libjpeg said, in the reason
+    err = capfd.readouterr().err
+    assert err == "", err
+    truncated = tmp_path / "truncated.dcm"
+    truncated.write_bytes(_j2k(plain, tmp_path / "j2k.dcm").read_bytes()[:-300])
+    with pytest.raises(DatasetError, match=r"truncated\.dcm' is a truncated DICOM \(transfer syntax 'JPEG 2000 .*\): "
+                                           r"the file ends at byte \d+ before its pixel data"):
+        load_image(truncated, "r2")
+    assert capfd.readouterr().err == ""
+
+
+def test_a_corrupt_jpeg2000_header_does_not_take_the_process_down(tmp_path):
+    """GDCM's JPEG 2000 path aborts the process (an uncaught C++ exception: "terminate called after
+    throwing an instance of 'std::string'") on this header; with pylibjpeg-openjpeg installed GDCM is
+    not tried for JPEG 2000 and the file is a DatasetError like any other (run in a child process,
+    so a regression is a failed test, not a dead test run)."""
+    import subprocess
+    import sys
+
+    data = bytearray(_j2k(_plain(tmp_path / "plain.dcm"), tmp_path / "j2k.dcm").read_bytes())
+    soc = bytes(data).index(b"\xff\x4f\xff\x51")
+    data[soc + 4: soc + 60] = b"\xff" * 56
+    (tmp_path / "abort.dcm").write_bytes(bytes(data))
+    code = ("from medvqa_env.errors import DatasetError\nfrom medvqa_env.images import load_image\n"
+            f"try:\n    load_image({str(tmp_path / 'abort.dcm')!r}, 'r')\nexcept DatasetError as e:\n    print(e)\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parents[2])
+    assert child.returncode == 0, child.stderr[-500:]
+    assert "abort.dcm': cannot decode its pixel data (transfer syntax 'JPEG 2000 Image Compression" in child.stdout
+    assert "pylibjpeg: Error decoding the J2K data" in child.stdout and child.stderr == ""

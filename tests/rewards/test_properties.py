@@ -33,6 +33,7 @@ def test_thresholds_move_boundedly_and_stay_clipped(batches, delta):
         assert len(t.buffers["cosine"]) <= 16
 
 
+@settings(deadline=None)  # the first example imports rouge-score (lazily, in rewards.text_metrics)
 @given(st.text(max_size=60), st.text(max_size=60))
 def test_lexical_metrics_in_unit_interval(a, b):
     assert 0.0 <= bleu1(a, b) <= 1.0 and 0.0 <= rouge1(a, b) <= 1.0
@@ -49,4 +50,5 @@ def test_rule_reward_never_crashes(answer, truth, kind):
 def test_armed_total_in_range_for_any_text(armed, answer, truth, format_ok):
     out = armed([RewardInput(answer, answer, truth, AnswerType.OPEN, format_ok=format_ok)])[0]
     assert -1.0 <= out.total <= 1.0
-    assert all(0.0 <= out.components[k] <= 1.0 for k in ("bleu1", "rouge1", "r_c", "r_as", "r_total"))
+    semantic = ("r_as",) if out.components["semantic"] else ()  # 0: the encoder cannot read the reference
+    assert all(0.0 <= out.components[k] <= 1.0 for k in ("bleu1", "rouge1", "r_c", "r_total", *semantic))

@@ -15,7 +15,8 @@ reads:
 * ``reward_model`` -- ``{"style": "rule", "ground_truth": answer}``;
 * ``extra_info`` -- ``index``, ``record_id``, ``dataset``, ``split``, ``answer_type``, ``question``,
   ``options`` (a list of ``{"key", "text"}``: parquet needs one schema for every row),
-  ``modality``, ``organ``;
+  ``modality``, ``organ``, ``answer_alternatives`` (the record's other accepted answers, VQA-Med's
+  ``#``: verl's reward function credits them as the env does, :mod:`rewards.matching`);
 * ``agent_name`` -- ``"medvqa_agent"`` (picks our agent loop per row).
 
 The agent loop re-creates the episode from ``extra_info.record_id`` with the env, so the prompt in
@@ -106,6 +107,7 @@ def record_to_row(record: VQARecord, index: int, system_prompt: str, image_mode:
             "options": options_to_rows(record.options),
             "modality": record.modality or "",
             "organ": record.organ or "",
+            "answer_alternatives": [str(a) for a in record.metadata.get("answer_alternatives") or ()],
         },
         "agent_name": AGENT_NAME,
     }
@@ -153,9 +155,14 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
 
 
 def convert(env_kwargs: Mapping[str, Any], out_path: str | Path, split: str | None = None,
-            image_mode: str = "bytes", limit: int | None = None, answer_types: Sequence[str] | None = None) -> Path:
+            image_mode: str = "bytes", limit: int | None = None, answer_types: Sequence[str] | None = None,
+            loaded: list | None = None) -> Path:
     """Load the env's dataset (``env_kwargs["dataset"]``, ``split``, ``dataset_options``) and write
-    it to ``out_path`` as verl parquet. Returns the path."""
+    it to ``out_path`` as verl parquet. Returns the path. ``loaded``: a list the loaded dataset is
+    appended to (with ``{"split": split}``), for the run folder's ``skipped_records.jsonl``. A
+    split whose every row the loader skipped is an error naming it."""
+    from medvqa_env.provenance import check_not_all_skipped
+
     from medvqa_env.datasets import load_dataset
 
     kwargs = dict(env_kwargs)
@@ -165,6 +172,9 @@ def convert(env_kwargs: Mapping[str, Any], out_path: str | Path, split: str | No
         name, split=split, **dict(kwargs.get("dataset_options") or {}))
     kwargs.pop("split", None)
     kwargs.pop("dataset_options", None)
+    if loaded is not None:
+        loaded.append((dataset, {"split": split}))
+    check_not_all_skipped(dataset)
     system_prompt = env_system_prompt(kwargs, dataset=dataset)
     rows = dataset_to_rows(dataset, system_prompt, image_mode, limit, answer_types,
                            max_image_side=int(kwargs.get("max_image_side", 4096)))

@@ -103,17 +103,22 @@ def prepare_run(cfg, output_dir: Path, train_files: str | None, val_files: str |
 
 
 def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None,
-                 answer_types: Sequence[str] | None = None) -> list[Path]:
-    """Write ``data.train_files`` / ``data.val_files`` from the env's dataset."""
+                 answer_types: Sequence[str] | None = None, output_dir: Path | None = None) -> list[Path]:
+    """Write ``data.train_files`` / ``data.val_files`` from the env's dataset (and, with
+    ``output_dir``, the rows its loader skipped to ``output_dir/skipped_records.jsonl``)."""
     from omegaconf import OmegaConf
 
+    from medvqa_env.provenance import write_skipped_of
     from train.verl_integration.data import convert
 
     env_kwargs = OmegaConf.to_container(cfg.medvqa.env, resolve=True)
+    loaded: list = []
     train = convert(env_kwargs, cfg.data.train_files, split=env_kwargs.get("split", "train"),
-                    image_mode=image_mode, limit=limit, answer_types=answer_types)
+                    image_mode=image_mode, limit=limit, answer_types=answer_types, loaded=loaded)
     val = convert(env_kwargs, cfg.data.val_files, split=val_split, image_mode=image_mode, limit=limit,
-                  answer_types=answer_types)
+                  answer_types=answer_types, loaded=loaded)
+    if output_dir is not None:
+        write_skipped_of(loaded, output_dir)
     return [train, val]
 
 
@@ -275,7 +280,7 @@ def run(argv: Sequence[str] | Any | None = None) -> int:
 
     if args.prepare_data:
         answer_types = [t for t in (args.answer_types or "").split(",") if t.strip()] or None
-        for path in prepare_data(cfg, args.val_split, args.image_mode, args.limit, answer_types):
+        for path in prepare_data(cfg, args.val_split, args.image_mode, args.limit, answer_types, output_dir):
             print(f"wrote {path}")
     missing = [f for f in (cfg.data.train_files, cfg.data.val_files) if not Path(str(f)).is_file()]
     if missing:

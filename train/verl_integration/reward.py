@@ -11,7 +11,8 @@ must be the same for every sample). Point verl at it with
 ``solution_str`` is the whole decoded response of a multi-turn rollout (model turns *and* the
 observations between them); the answer is read from the final model turn, i.e. the text after
 the last ``</observation>``. The score is :func:`rewards.default_reward` (rule ±1 for CLOSED/MCQ,
-ARMed for OPEN), the same object the env uses, built once per process so ARMed's adaptive
+ARMed for OPEN; the record's accepted alternatives, ``extra_info["answer_alternatives"]``, credited
+as the env credits them), the same object the env uses, built once per process so ARMed's adaptive
 thresholds carry across calls -- and, inside a Ray job, kept by one named actor for all workers
 (:func:`build_reward`).
 
@@ -160,7 +161,8 @@ def score_turn(turn: str, ground_truth: str, extra_info: Mapping[str, Any] | Non
     sample = RewardInput(
         completion=parsed.raw, answer=parsed.answer, ground_truth=str(ground_truth), answer_type=answer_type,
         options=dict(options), format_ok=parsed.format_ok,
-        metadata={k: info[k] for k in ("record_id", "question", "modality", "dataset") if k in info},
+        metadata={k: info[k] for k in ("record_id", "question", "modality", "dataset") if k in info}
+        | {"answer_alternatives": [str(a) for a in _listed(info.get("answer_alternatives"))]},
     )
     result = (reward_fn or shared_reward())([sample])[0]
     components = dict(result.components)
@@ -171,6 +173,11 @@ def score_turn(turn: str, ground_truth: str, extra_info: Mapping[str, Any] | Non
         "format_ok": float(parsed.format_ok),
         "answered": float(parsed.answer is not None),
     }
+
+
+def _listed(value: Any) -> list[Any]:
+    """A parquet list column as a list (verl may hand a numpy array; absent or None -> [])."""
+    return [] if value is None else list(value)
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str,

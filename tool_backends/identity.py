@@ -119,11 +119,16 @@ def tool_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
             if old.get("content_hash") == new.get("content_hash"):
                 continue
             a, b = old.get("content_hash"), new.get("content_hash")
-            changed = [f"{k}: {_short(v)} -> {_short((new.get('manifest') or {}).get(k))}"
-                       for k, v in (old.get("manifest") or {}).items()
-                       if k != "held_out" and _json(v) != _json((new.get("manifest") or {}).get(k))]
+            if a and b:
+                changed = [f"{k}: {_short(v)} -> {_short((new.get('manifest') or {}).get(k))}"
+                           for k, v in (old.get("manifest") or {}).items()
+                           if k != "held_out" and _json(v) != _json((new.get("manifest") or {}).get(k))]
+            elif old.get("engine") != new.get("engine"):
+                changed = [f"engine {old.get('engine')!r} -> {new.get('engine')!r}"]
+            else:
+                changed = ["not built here"]
             detail = f" ({'; '.join(changed)})" if changed else ""
-            out.append(f"{name}: content hash {_short(a)} -> {_short(b) if b else 'none (not built here)'}{detail}")
+            out.append(f"{name}: content hash {_short(a) if a else 'none'} -> {_short(b) if b else 'none'}{detail}")
             continue
         for key in ("backend", "engine", "options"):
             if _json(old.get(key)) != _json(new.get(key)):

@@ -144,7 +144,7 @@ def check_tools(recorded: Mapping[str, Any] | None, current: Mapping[str, Any], 
         return
     diffs = tool_differences(recorded, current)
     if diffs:
-        raise ConfigError(f"{what} was run with other tools than these:\n  " + "\n  ".join(diffs) + f"\n{hint}")
+        raise ConfigError(f"{what} used other tools than these:\n  " + "\n  ".join(diffs) + f"\n{hint}")
 
 
 def _json(value: Any) -> str:

@@ -197,6 +197,19 @@ def test_describe_tools_names_trained_tools_by_hash(built, tmp_path, monkeypatch
     assert c["content_hash"] is None and c["path"].startswith("<tool cache>/classify-embedded-train-seed0-")
 
 
+def test_run_provenance_names_commit_and_package_versions():
+    import gymnasium
+    import numpy
+    import torch
+
+    from medvqa_env.provenance import provenance
+
+    prov = provenance()
+    assert prov["gymnasium"] == gymnasium.__version__ and prov["numpy"] == numpy.__version__
+    assert prov["torch"] == torch.__version__.split("+")[0] or prov["torch"] == torch.__version__
+    assert {"git_commit", "git_dirty", "package_version", "transformers"} <= set(prov)
+
+
 def _with_threads(folder, tmp_path, threads):
     other = tmp_path / f"threads{threads}"
     shutil.copytree(folder, other)
@@ -244,7 +257,7 @@ def test_resuming_a_trainer_run_with_another_tool_stops_and_names_the_change(bui
     check_resume(run, Args(tools), ckpt)  # the same tool: resumes
     shutil.rmtree(tool)
     shutil.copytree(_with_threads(built, tmp_path, 2), tool)  # the same config, another build in the folder
-    with pytest.raises(ConfigError, match=r"(?s)other tools.*torch_threads: 1 -> 2.*--allow-changed tools"):
+    with pytest.raises(ConfigError, match=r"(?s)used other tools.*torch_threads: 1 -> 2.*--allow-changed tools"):
         check_resume(run, Args(tools), ckpt)
     check_resume(run, Args(tools, allow_changed="tools"), ckpt)
 
@@ -260,6 +273,37 @@ def test_evaluating_into_a_run_with_another_tool_stops_and_names_the_change(buil
     check_resume(out, old)
     new = {"tool_identity": describe_tools({"ground": {"engine": "trained",
                                                        "path": str(_with_threads(built, tmp_path, 2))}})}
-    with pytest.raises(ConfigError, match=r"(?s)other tools.*torch_threads: 1 -> 2.*--overwrite"):
+    with pytest.raises(ConfigError, match=r"(?s)used other tools.*torch_threads: 1 -> 2.*--overwrite"):
         check_resume(out, new)
     check_resume(out, new, overwrite=True)
+
+
+def test_eval_run_of_a_checkpoint_whose_trained_tool_was_rebuilt_stops_and_names_the_change(built, tmp_path, capsys):
+    from eval.run import main
+    from train import sft
+    from train.common import parse_args
+
+    tool = tmp_path / "tool"
+    shutil.copytree(built, tool)
+    tools = json.dumps({"image_zoom_in": "local", "ground": {"engine": "trained", "path": str(tool)}})
+    sft.main(parse_args(sft.Args, ["--policy", "tiny-qwen2-vl", "--answer-types", "CLOSED", "--eval-size", "2",
+                                   "--max-new-tokens", "4", "--batch-size", "2", "--tools", tools, "--steps", "1",
+                                   "--max-turns", "1", "--no-tensorboard", "--out", str(tmp_path / "sft")]))
+    ckpt = tmp_path / "sft" / "final"
+    saved = json.loads((ckpt / "medvqa_run.json").read_text())
+    assert saved["resolved"]["tool_identity"]["ground"]["content_hash"] == read_info(built)["content_hash"]
+    shutil.rmtree(tool)
+    shutil.copytree(_with_threads(built, tmp_path, 2), tool)  # the config names the same folder; another build is in it
+
+    def evaluate(out, *flags):
+        return main(["--agent", "vlm", "--agent-opt", f"model={ckpt}", "--agent-opt", "max_new_tokens=3",
+                     "--dataset", "embedded", "--limit", "1", "--workers", "0", "--no-open-metrics", "--no-progress",
+                     "--bootstrap", "0", "--out", str(tmp_path / out), *flags])
+
+    assert evaluate("refused") == 2
+    err = capsys.readouterr().err
+    assert "the checkpoint used other tools" in err and "torch_threads: 1 -> 2" in err
+    assert "--allow-changed tools" in err and "Traceback" not in err
+    assert evaluate("allowed", "--allow-changed", "tools") == 0
+    run = json.loads((tmp_path / "allowed" / "run.json").read_text())
+    assert run["tool_identity"]["ground"]["content_hash"] == content_hash(tool)

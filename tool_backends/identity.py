@@ -33,6 +33,9 @@ def describe_tools(tools: Any, build: bool = False) -> dict[str, dict[str, Any]]
     out: dict[str, dict[str, Any]] = {}
     for name, entry in load_tool_config(tools).items():
         options = {k: v for k, v in entry.items() if k not in ("backend", "engine")}
+        for key in FOLDER_OPTIONS:  # a folder as the record shows it, not this machine's absolute path
+            if isinstance(options.get(key), str) and Path(options[key]).expanduser().is_dir():
+                options[key] = shown_path(Path(options[key]).expanduser())
         desc: dict[str, Any] = {"backend": entry["backend"], "engine": entry.get("engine", "default"),
                                 "options": _public(options), "path": None, "content_hash": None, "manifest": None}
         kind = TOOL_ENGINE_KIND.get(name)

@@ -118,7 +118,7 @@ def test_cli_trains_and_bad_input_is_a_prog_error(tmp_path, capsys):
 TRAINED = {"steps": 2, "dataset_options": {"n": 48}, "val_options": {"n": 8}}
 
 
-def test_trained_engine_builds_once_then_loads_from_the_cache(tmp_path, monkeypatch, caplog):
+def test_trained_engine_builds_once_then_loads_from_the_cache(tmp_path, monkeypatch, caplog, capsys):
     from tool_backends.finetune import cache
 
     monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path))
@@ -126,6 +126,8 @@ def test_trained_engine_builds_once_then_loads_from_the_cache(tmp_path, monkeypa
         tb = Toolbox.from_config({"ground": {"engine": "trained", **TRAINED}}, cache=False)
     assert "training it now on embedded/train" in caplog.text and "trained in" in caplog.text
     assert "medvqa-tools build ground --out DIR --dataset-opt n=48 --val-opt n=8 --steps 2" in caplog.text
+    assert "ground: held-out macro-F1" in caplog.text
+    assert "building ground: 100%" in capsys.readouterr().err  # the build's progress bar, as the command shows it
     (folder,) = (tmp_path / "tools").glob("ground-embedded-train-seed0-*")
     assert read_info(folder)["steps"] == 2
     record = load_dataset("embedded", split="test", n=4)[0]

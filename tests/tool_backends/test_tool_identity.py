@@ -307,3 +307,17 @@ def test_eval_run_of_a_checkpoint_whose_trained_tool_was_rebuilt_stops_and_names
     assert evaluate("allowed", "--allow-changed", "tools") == 0
     run = json.loads((tmp_path / "allowed" / "run.json").read_text())
     assert run["tool_identity"]["ground"]["content_hash"] == content_hash(tool)
+
+
+def test_the_command_a_first_use_build_names_builds_the_very_tool_it_caches(tmp_path, monkeypatch):
+    import shlex
+
+    from tool_backends.cli import main
+    from tool_backends.finetune.cache import build_command, cache_args, trained_folder
+
+    monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path / "cache"))
+    folder = trained_folder("ground", **SMALL, progress=False)
+    command = build_command("ground", cache_args("ground", **SMALL), out=str(tmp_path / "explicit"))
+    assert command.startswith("medvqa-tools build ground ")
+    assert main(shlex.split(command)[1:]) == 0  # with a progress bar, which the cached build did not show
+    assert content_hash(tmp_path / "explicit") == content_hash(folder) == read_info(folder)["content_hash"]

@@ -114,9 +114,9 @@ def trained_folder(kind: str, dataset: str = "embedded", split: str = "train",
         if is_complete(folder):  # another process built it while this one waited
             log.info("trained %s tool: using %s, built by another process", kind, folder)
             return folder
-        log.warning("trained %s tool: none built for this recipe yet, so it is training it now on %s/%s into %s "
-                    "(once; a few CPU minutes; to build it ahead: `%s`, then tools={%r: {'engine': 'trained', "
-                    "'path': DIR}})", kind, dataset, split, folder, build_command(kind, args), kind)
+        log.warning("trained %s tool: none built for this recipe yet; training it now on %s/%s into %s (once, a "
+                    "few CPU minutes; to build it ahead: `%s`, then tools={%r: {'engine': 'trained', 'path': DIR}})",
+                    kind, dataset, split, folder, build_command(kind, args), kind)
         t0 = time.perf_counter()
         info = finetune(kind, dataclasses.replace(args, progress=progress))
         log.warning("trained %s tool: trained in %.0f s (%.0f CPU s), cached at %s; %s", kind,

@@ -96,7 +96,7 @@ def training_run(seed: int, threads: int = 0) -> Iterator[dict[str, float]]:
 def step_bar(kind: str, steps: int, enabled: bool = True):
     """A tqdm bar over a build's ``steps`` on stderr (``bar.update()`` each step; the loss goes
     in its postfix through :func:`show_loss`)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # text on stderr everywhere (tqdm.auto wants ipywidgets in a notebook)
 
     return tqdm(total=int(steps), desc=f"building {kind}", unit="step", disable=not enabled, mininterval=0.5,
                 dynamic_ncols=True, leave=True)
@@ -135,7 +135,9 @@ def provenance(kind: str, engine: str, args: FinetuneArgs, *, steps: int, lr: fl
         "train_cpu_seconds": clock.get("cpu_s"), "train_wall_seconds": clock.get("wall_s"),
         "torch_threads": clock.get("torch_threads"),
         "validation": validation, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
-        "settings": asdict(args),
+        # loader options as parsed: a build from the command line and the same build from the cache match
+        "settings": {**asdict(args), "dataset_opt": parse_options(args.dataset_opt, "--dataset-opt"),
+                     "val_opt": parse_options(args.val_opt, "--val-opt")},
     }
 
 

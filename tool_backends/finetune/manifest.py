@@ -46,7 +46,9 @@ TRAINER_MODULES = {"ground": "tool_backends.finetune.ground", "segment": "tool_b
 VOLATILE = frozenset({"content_hash", "created", "build_cpu_seconds", "build_wall_seconds", "train_cpu_seconds",
                       "train_wall_seconds", "out", "git_commit", "git_dirty"})
 """Manifest fields left out of the content hash: they say when, where and how fast a build ran,
-not what it built (the code it ran is in ``build.code_version``). ``settings.out`` too."""
+not what it built (the code it ran is in ``build.code_version``)."""
+VOLATILE_SETTINGS = frozenset({"out", "progress"})
+"""Command-line settings left out of the content hash likewise (where it was written, whether a bar showed)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,10 +164,10 @@ def build_identity(kind: str, args: Any) -> dict[str, Any]:
 # What a build wrote.
 # ----------------------------------------------------------------------------------------------
 def hashed_manifest(info: Mapping[str, Any]) -> dict[str, Any]:
-    """``info`` without its :data:`VOLATILE` fields (and ``settings.out``): what the content hash covers."""
+    """``info`` without its :data:`VOLATILE` fields (and :data:`VOLATILE_SETTINGS`): what the content hash covers."""
     out = {k: v for k, v in info.items() if k not in VOLATILE}
     if isinstance(out.get("settings"), Mapping):
-        out["settings"] = {k: v for k, v in out["settings"].items() if k != "out"}
+        out["settings"] = {k: v for k, v in out["settings"].items() if k not in VOLATILE_SETTINGS}
     return out
 
 

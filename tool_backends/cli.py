@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_dataclass(p, cls, "args")
     from tool_backends.finetune.__main__ import add_kind_parsers
 
-    p = sub.add_parser("build", help="build a trained tool folder (progress bar, held-out quality, content hash)",
+    p = sub.add_parser("build", help="Build a trained tool folder (progress bar, held-out quality, content hash).",
                        description="Train a tool's model on a dataset's annotations into a folder that "
                                    "tools={KIND: {'engine': 'trained', 'path': DIR}} loads (the same as "
                                    "python -m tool_backends.finetune KIND).",

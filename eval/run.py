@@ -112,6 +112,9 @@ class RunArgs:
     (``eval.summary.MAX_ERROR_RATE``; 1 never fails on errors, only on nothing scored)"""
     overwrite: bool = False
     """discard earlier results in --out"""
+    allow_changed: str = ""
+    """``tools``: evaluate a trained checkpoint although a trained tool's content hash differs from
+    the one it was trained with (otherwise that stops, naming what changed)"""
     device: str | None = None
     """where a model agent runs: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` (default: the agent's, ``auto``)"""
     dtype: str | None = None
@@ -221,7 +224,7 @@ def with_env_dataset(run: RunArgs, options: dict[str, Any], dataset: Any, datase
 def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
     from eval.report import to_markdown
     from eval.runner import evaluate
-    from eval.trained_settings import adopt_trained_settings, checkpoint_run_file, trained_differences
+    from eval.trained_settings import adopt_trained_settings, check_trained_tools, checkpoint_run_file, trained_differences
     from medvqa_env.datasets import load_dataset
     from tool_backends.config import with_tool_options
 
@@ -235,6 +238,8 @@ def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
             config.tools = with_tool_options(parse_tools(config.tools), run.tool_opt)
         for note in trained_differences(trained, config):
             log.warning(note)
+        if "tools" not in {a.strip() for a in run.allow_changed.split(",")}:
+            check_trained_tools(trained, config.tools)
         dataset_options = parse_options(run.dataset_opt, "--dataset-opt")
         dataset = load_dataset(run.dataset, split=run.split, **dataset_options)
         agent = build_agent(run.agent, **with_env_dataset(run, agent_options, dataset, dataset_options))

@@ -574,6 +574,10 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
     if diffs:
         raise ConfigError(f"{out_dir} holds results of a different setup (differs in {diffs}); "
                           f"use another --out or pass --overwrite")
+    from tool_backends.identity import check_tools
+
+    check_tools(old.get("tool_identity"), run_info.get("tool_identity") or {}, str(out_dir),
+                "Use another --out, or pass --overwrite to start its results again with these tools.")
 
 
 def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str | None = None) -> dict[str, Any]:
@@ -586,6 +590,10 @@ def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str |
     cfg = asdict(config)
     info.update({k: cfg[k] for k in EvalConfig.IDENTITY})
     info["tools"] = load_tool_config(config.tools) if not hasattr(config.tools, "names") else list(config.tools.names)
+    if isinstance(info["tools"], dict):  # trained tools by content hash (built now if missing: the env would)
+        from tool_backends.identity import describe_tools
+
+        info["tool_identity"] = describe_tools(info["tools"], build=True)
     info["provenance"] = provenance()
     loaded = dataset_provenance(dataset)  # the files read and the rows skipped (their list: skipped_records.jsonl)
     if loaded is not None:

@@ -19,8 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @functools.lru_cache(maxsize=1)
 def provenance() -> dict[str, Any]:
-    """``{"package_version", "git_commit", "git_dirty", "torch", "transformers"}`` (``None`` where
-    unknown, e.g. an installed wheel has no git checkout)."""
+    """``{"package_version", "git_commit", "git_dirty", "torch", "transformers", "gymnasium", "numpy"}``
+    (``None`` where unknown, e.g. an installed wheel has no git checkout). The run identity every
+    record holds; trained tools are named separately by content hash
+    (:func:`tool_backends.identity.describe_tools`)."""
     from importlib import metadata
 
     out: dict[str, Any] = {}
@@ -29,7 +31,7 @@ def provenance() -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         out["package_version"] = None
     out["git_commit"], out["git_dirty"] = _git()
-    for lib in ("torch", "transformers"):
+    for lib in ("torch", "transformers", "gymnasium", "numpy"):
         try:
             out[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:

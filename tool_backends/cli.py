@@ -1,8 +1,9 @@
-"""``medvqa-tools``: serve tools, run a router, list tools.
+"""``medvqa-tools``: serve tools, run a router, list tools, build trained tools.
 
 Examples::
 
     medvqa-tools list
+    medvqa-tools build ground --out runs/tools/ground    # then tools={"ground": {"engine": "trained", "path": ...}}
     medvqa-tools serve                                   # every tool, default engines, on :7660
     medvqa-tools serve --tools segment,ground --port 7660 --engine segment=classical,ground=oracle
     medvqa-tools serve --tools segment --engine sam --tool-opt segment.model=/models/medsam
@@ -161,6 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
                            add_option_string_dash_variants=parser.add_option_string_dash_variants,
                            add_config_path_arg=False)
         add_dataclass(p, cls, "args")
+    from tool_backends.finetune.__main__ import add_kind_parsers
+
+    p = sub.add_parser("build", help="Build a trained tool folder (progress bar, held-out quality, content hash).",
+                       description="Train a tool's model on a dataset's annotations into a folder that "
+                                   "tools={KIND: {'engine': 'trained', 'path': DIR}} loads (the same as "
+                                   "python -m tool_backends.finetune KIND).",
+                       formatter_class=parser.formatter_class,
+                       add_option_string_dash_variants=parser.add_option_string_dash_variants,
+                       add_config_path_arg=False)
+    add_kind_parsers(p)
     return parser
 
 
@@ -169,6 +180,10 @@ def parse(argv: Sequence[str] | None = None):
     from medvqa_env.cli import to_instance
 
     ns = build_parser().parse_args(argv)
+    if ns.command == "build":
+        from tool_backends.finetune.common import FinetuneArgs
+
+        return "build", (ns.kind, to_instance(FinetuneArgs, ns.args))
     return ns.command, to_instance(COMMANDS[ns.command], ns.args)
 
 
@@ -176,12 +191,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from medvqa_env.cli import run_cli
 
     command, args = parse(argv)
-    logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "warning")).upper(), logging.WARNING))
+    if command == "build":
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    else:
+        logging.basicConfig(level=getattr(logging, str(getattr(args, "log_level", "warning")).upper(), logging.WARNING))
     return run_cli("medvqa-tools", lambda: _run(command, args))
 
 
 def _run(command: str, args) -> int:
     """Run the chosen command; its exit code."""
+    if command == "build":
+        from tool_backends.finetune.__main__ import build
+
+        build(*args, prog="medvqa-tools build")
+        return 0
     if command == "list":
         return _list(args)
     if command == "serve":

@@ -64,11 +64,16 @@ def trained_settings(encoder: Any, pool: Any, index: int = 0, max_new_tokens: in
 
 
 def record_settings(out_dir: str | os.PathLike, record: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Put :func:`trained_settings` (the prompt actually shown, env and encoder settings) into the
-    run record's ``resolved`` block and rewrite ``<out>/args.json``: the record never says
-    ``system_prompt: null`` for a run that showed the env's prompt."""
+    """Put :func:`trained_settings` (the prompt actually shown, env and encoder settings, held-out
+    decoding) and the tools' identities (:func:`tool_backends.identity.describe_tools`, now that the
+    env has built them) into the run record's ``resolved`` block and rewrite ``<out>/args.json``: the
+    record never says ``system_prompt: null`` for a run that showed the env's prompt."""
     record["resolved"].update({k: settings[k] for k in ("system_prompt", "system_prompt_source", "env", "encoder",
                                                         "generation") if k in settings})
+    if record["resolved"].get("tools") is not None:  # the env has built its trained tools by now: their hashes
+        from tool_backends.identity import describe_tools
+
+        record["resolved"]["tool_identity"] = describe_tools(record["resolved"]["tools"])
     _atomic_write_text(Path(out_dir) / "args.json", json.dumps(record, indent=1, default=str) + "\n")
     return record
 

@@ -206,9 +206,13 @@ def resolved_config(args: Any) -> dict[str, Any]:
     """``args`` as JSON, plus what it resolves to (tool config, reward, prompt) and provenance."""
     from medvqa_env.provenance import provenance
 
+    from tool_backends.identity import describe_tools
+
     config = dataclasses.asdict(args)
     resolved = {"tools": tool_config(args.tools) if hasattr(args, "tools") else None,
                 "system_prompt": system_prompt_of(args) if hasattr(args, "demo_prompt") else None}
+    if resolved["tools"] is not None:  # trained tools by content hash (None until built: record_settings refreshes it)
+        resolved["tool_identity"] = describe_tools(resolved["tools"])
     if hasattr(args, "reward"):
         resolved["reward"] = reward_spec(args.reward, args.reward_opt) or "default"
     if hasattr(args, "policy"):  # what a LoRA adapter folder names as its base
@@ -240,13 +244,21 @@ def check_resume(out: Path, args: Any, checkpoint: Path | None) -> None:
     path = out / "args.json"
     if checkpoint is None or not path.is_file():
         return
-    old = json.loads(path.read_text()).get("args", {})
+    record = json.loads(path.read_text())
+    old = record.get("args", {})
     allowed = [a.strip() for a in str(getattr(args, "allow_changed", "") or "").split(",") if a.strip()]
     diffs = [] if "all" in allowed else config_differences(old, dataclasses.asdict(args), allowed)
     if diffs:
         raise ConfigError(f"{out} holds a run with other settings; resuming would mix them:\n  "
                           + "\n  ".join(diffs) + "\nUse another --out, or --allow-changed "
                           + ",".join(d.split(":")[0] for d in diffs) + " to resume with the new values.")
+    recorded_tools = (record.get("resolved") or {}).get("tool_identity")
+    if recorded_tools and hasattr(args, "tools") and not {"all", "tools"} & set(allowed):
+        from tool_backends.identity import check_tools, describe_tools
+
+        # build=True: a trained tool missing here is built now (the env would build it anyway), then compared
+        check_tools(recorded_tools, describe_tools(tool_config(args.tools), build=True), str(out),
+                    "Use another --out, or --allow-changed tools to resume with these tools.")
     step = int(checkpoint.name.rsplit("_", 1)[-1])
     if args.steps < step:
         raise ConfigError(f"{out} is at step {step}, past --steps {args.steps}; nothing to train "

@@ -107,7 +107,8 @@ def test_cli_trains_and_bad_input_is_a_prog_error(tmp_path, capsys):
 
     assert main(["ground", "--out", str(tmp_path / "g"), "--max-images", "12", "--steps", "2",
                  "--val-split", "none", "--batch-size", "4"]) == 0
-    assert "load it with engine 'centernet'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "load it with tools={'ground': {'engine': 'trained', 'path': " in out and "content hash" in out
     assert main(["ground", "--out", str(tmp_path / "x"), "--dataset", "nosuch", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "python -m tool_backends.finetune: error:" in err and "Traceback" not in err
@@ -117,13 +118,16 @@ def test_cli_trains_and_bad_input_is_a_prog_error(tmp_path, capsys):
 TRAINED = {"steps": 2, "dataset_options": {"n": 48}, "val_options": {"n": 8}}
 
 
-def test_trained_engine_builds_once_then_loads_from_the_cache(tmp_path, monkeypatch, caplog):
+def test_trained_engine_builds_once_then_loads_from_the_cache(tmp_path, monkeypatch, caplog, capsys):
     from tool_backends.finetune import cache
 
     monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="tool_backends.finetune.cache"):
         tb = Toolbox.from_config({"ground": {"engine": "trained", **TRAINED}}, cache=False)
     assert "training it now on embedded/train" in caplog.text and "trained in" in caplog.text
+    assert "medvqa-tools build ground --out DIR --dataset-opt n=48 --val-opt n=8 --steps 2" in caplog.text
+    assert "ground: held-out macro-F1" in caplog.text
+    assert "building ground: 100%" in capsys.readouterr().err  # the build's progress bar, as the command shows it
     (folder,) = (tmp_path / "tools").glob("ground-embedded-train-seed0-*")
     assert read_info(folder)["steps"] == 2
     record = load_dataset("embedded", split="test", n=4)[0]

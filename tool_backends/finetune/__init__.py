@@ -1,11 +1,13 @@
 """Train a tool's model on a dataset's annotations: ``python -m tool_backends.finetune KIND``.
 
 ``ground`` trains the ``centernet`` grounder on boxes (and mask extents), ``segment`` a SAM on
-masks from box prompts, ``classify`` a CLIP on image-level labels. Each writes a folder that its
-engine loads by path (``tools={"ground": {"engine": "centernet", "model": DIR}}``), with
-``medvqa_tool.json`` saying what it was trained on, how, and how well it did on validation data.
-The ``trained`` engines (:mod:`tool_backends.finetune.cache`) run the same training on first use
-and cache the folder.
+masks from box prompts, ``classify`` a CLIP on image-level labels. Each writes a folder that a config names
+by path (``tools={"ground": {"engine": "trained", "path": DIR}}``; the kind's own engine loads it
+too: ``{"engine": "centernet", "model": DIR}``), with ``medvqa_tool.json`` saying what it was
+trained on, how, and how well it did on validation data, and the folder's content hash
+(:mod:`tool_backends.finetune.manifest`). ``medvqa-tools build KIND --out DIR`` is the same
+command. The ``trained`` engines without ``path`` (:mod:`tool_backends.finetune.cache`) run the
+same build on first use and cache the folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from medvqa_env.errors import ConfigError
 from tool_backends.finetune.common import KINDS, TOOL_INFO, FinetuneArgs, write_info
+from tool_backends.finetune.manifest import build_identity, content_hash, quality_line
 
 TRAINERS = {"ground": "tool_backends.finetune.ground:train_ground",
             "segment": "tool_backends.finetune.segment:train_segment",
@@ -49,12 +52,16 @@ def finetune(kind: str, args: FinetuneArgs) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     module, _, name = TRAINERS[kind].partition(":")
     train = getattr(importlib.import_module(module), name)
+    identity = build_identity(kind, args)  # before training: a dataset that does not load fails now
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     cpu0, wall0 = time.process_time(), time.perf_counter()
     try:
         info = train(args, str(tmp))
+        info["build"] = identity
+        info["held_out"] = quality_line(info)
         info["build_cpu_seconds"] = round(time.process_time() - cpu0, 2)  # data, training, validation, saving
         info["build_wall_seconds"] = round(time.perf_counter() - wall0, 2)
+        info["content_hash"] = content_hash(tmp, info)
         write_info(tmp, info)
         replace_folder(tmp, out)
         info["out"] = str(out)

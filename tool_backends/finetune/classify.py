@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from medvqa_env.errors import DatasetError
-from tool_backends.finetune.common import FinetuneArgs, one_cycle, provenance, training_run, validation_images, write_info
+from tool_backends.finetune.common import (FinetuneArgs, one_cycle, provenance, show_loss, step_bar, training_run,
+                                           validation_images, write_info)
 from tool_backends.finetune.data import annotated_images, label_counts, read_rgb
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ def train_classify(args: FinetuneArgs, out: str) -> dict[str, Any]:
         opt, sched = one_cycle(model.parameters(), lr, steps)
         log.info("classify: training on %d images of %s/%s, labels %s, %d steps", len(images), args.dataset,
                  args.split, labels, steps)
+        bar, final_loss = step_bar("classify", steps, args.progress), None
         for step in range(steps):
             idx = rng.integers(len(images), size=min(args.batch_size, len(images)))
             texts = labels + distractors(labels, rng, N_DISTRACTORS)
@@ -165,8 +167,11 @@ def train_classify(args: FinetuneArgs, out: str) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             opt.step()
             sched.step()
+            final_loss = float(loss.detach())
+            show_loss(bar, final_loss)
             if step % 50 == 0 or step == steps - 1:
-                log.info("classify: step %d/%d loss %.4f", step + 1, steps, float(loss.detach()))
+                log.debug("classify: step %d/%d loss %.4f", step + 1, steps, final_loss)
+        bar.close()
         model.eval()
     validation = (validate(model, processor, tokenizer, val_images, labels, args.device) if val_images
                   else {"note": "no validation images"})
@@ -175,6 +180,6 @@ def train_classify(args: FinetuneArgs, out: str) -> dict[str, Any]:
     processor.save_pretrained(out)
     tokenizer.save_pretrained(out)
     info = provenance("classify", "clip", args, steps=steps, lr=lr, n_images=len(images), labels=labels,
-                      label_counts=counts, clock=clock, validation=validation, template=TEMPLATE, image_size=size)
+                      label_counts=counts, clock=clock, validation=validation, final_loss=final_loss, template=TEMPLATE, image_size=size)
     write_info(out, info)
     return info

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,10 +47,13 @@ class FinetuneArgs:
     """seed for initialisation, batches and augmentation"""
     max_images: int | None = None
     """use at most this many training images (first-seen order)"""
-    torch_threads: int = 0
-    """torch CPU threads while training (0: leave torch's setting)"""
+    torch_threads: int = 1
+    """torch CPU threads while training (0: leave torch's setting). At 1 (the default) a recipe
+    gives the same weights on every run on one machine; other counts sum in another order"""
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``"""
+    progress: bool = True
+    """show a progress bar (steps, loss, time left) on stderr while training"""
 
 
 def package_version() -> str:
@@ -60,14 +64,21 @@ def package_version() -> str:
 
 @contextlib.contextmanager
 def training_run(seed: int, threads: int = 0) -> Iterator[dict[str, float]]:
-    """Seed torch and numpy, set torch's threads for the block (restored after), and measure the
-    block's CPU and wall seconds into the yielded dict (``cpu_s``, ``wall_s``)."""
+    """Seed torch, set torch's threads and deterministic algorithms for the block (all restored
+    after), and measure the block's CPU and wall seconds into the yielded dict (``cpu_s``,
+    ``wall_s``). The trainers draw batches and augmentation from their own numpy generator seeded
+    with ``seed``, so with a fixed thread count two runs of a recipe give identical weights on one
+    machine (on CUDA only as far as ``torch.use_deterministic_algorithms`` reaches: an op without
+    a deterministic kernel warns and runs anyway)."""
     import torch
 
     previous = torch.get_num_threads()
     if threads > 0:
         torch.set_num_threads(int(threads))
     rng_state = torch.random.get_rng_state()
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for deterministic matmuls
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(int(seed))
     clock: dict[str, float] = {"torch_threads": torch.get_num_threads()}
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -77,8 +88,23 @@ def training_run(seed: int, threads: int = 0) -> Iterator[dict[str, float]]:
         clock["cpu_s"] = round(time.process_time() - cpu0, 2)
         clock["wall_s"] = round(time.perf_counter() - wall0, 2)
         torch.random.set_rng_state(rng_state)
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         if threads > 0:
             torch.set_num_threads(previous)
+
+
+def step_bar(kind: str, steps: int, enabled: bool = True):
+    """A tqdm bar over a build's ``steps`` on stderr (``bar.update()`` each step; the loss goes
+    in its postfix through :func:`show_loss`)."""
+    from tqdm import tqdm  # text on stderr everywhere (tqdm.auto wants ipywidgets in a notebook)
+
+    return tqdm(total=int(steps), desc=f"building {kind}", unit="step", disable=not enabled, mininterval=0.5,
+                dynamic_ncols=True, leave=True)
+
+
+def show_loss(bar, loss: float) -> None:
+    bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+    bar.update()
 
 
 def one_cycle(params, lr: float, steps: int, weight_decay: float = 1e-4):
@@ -97,17 +123,21 @@ def provenance(kind: str, engine: str, args: FinetuneArgs, *, steps: int, lr: fl
     import torch
 
     from medvqa_env.config import parse_options
+    from medvqa_env.provenance import provenance as code_provenance
 
+    git = code_provenance()
     return {
         "tool": kind, "engine": engine, "package_version": package_version(), "torch_version": torch.__version__,
-        "python": platform.python_version(),
+        "python": platform.python_version(), "git_commit": git.get("git_commit"), "git_dirty": git.get("git_dirty"),
         "dataset": args.dataset, "split": args.split, "dataset_options": parse_options(args.dataset_opt, "--dataset-opt"),
         "n_images": n_images, "labels": labels, "label_counts": label_counts,
         "steps": steps, "batch_size": args.batch_size, "lr": lr, "seed": args.seed,
         "train_cpu_seconds": clock.get("cpu_s"), "train_wall_seconds": clock.get("wall_s"),
         "torch_threads": clock.get("torch_threads"),
         "validation": validation, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
-        "settings": asdict(args),
+        # loader options as parsed: a build from the command line and the same build from the cache match
+        "settings": {**asdict(args), "dataset_opt": parse_options(args.dataset_opt, "--dataset-opt"),
+                     "val_opt": parse_options(args.val_opt, "--val-opt")},
     }
 
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from medvqa_env.errors import DatasetError
 from tool_backends.engines.centernet_model import STRIDE, GrounderConfig, build_net, save_grounder
-from tool_backends.finetune.common import FinetuneArgs, one_cycle, provenance, training_run, validation_images, write_info
+from tool_backends.finetune.common import (FinetuneArgs, one_cycle, provenance, show_loss, step_bar, training_run,
+                                           validation_images, write_info)
 from tool_backends.finetune.data import annotated_images, label_counts, read_rgb, with_mask_boxes
 from tool_backends.finetune.quality import match_boxes, prf
 
@@ -186,6 +187,7 @@ def train_ground(args: FinetuneArgs, out: str) -> dict[str, Any]:
     with training_run(args.seed, args.torch_threads) as clock:
         net = build_net(config).to(args.device).train()
         opt, sched = one_cycle(net.parameters(), lr, steps)
+        bar, final_loss = step_bar("ground", steps, args.progress), None
         for step in range(steps):
             idx = rng.integers(len(images), size=min(args.batch_size, len(images)))
             batch, batch_boxes = [], []
@@ -207,8 +209,11 @@ def train_ground(args: FinetuneArgs, out: str) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(net.parameters(), 5.0)
             opt.step()
             sched.step()
+            final_loss = float(loss.detach())
+            show_loss(bar, final_loss)
             if step % 50 == 0 or step == steps - 1:
-                log.info("ground: step %d/%d loss %.4f", step + 1, steps, float(loss.detach()))
+                log.debug("ground: step %d/%d loss %.4f", step + 1, steps, final_loss)
+        bar.close()
         net.eval()
     if val_images:
         val_pixels, val_boxes = load_pixels_and_boxes(val_images, size)
@@ -219,7 +224,7 @@ def train_ground(args: FinetuneArgs, out: str) -> dict[str, Any]:
     validation["source"] = val_from
     save_grounder(net, config, out)
     info = provenance("ground", "centernet", args, steps=steps, lr=lr, n_images=len(images), labels=labels,
-                      label_counts=counts, clock=clock, validation=validation, threshold=config.threshold,
-                      image_size=size)
+                      label_counts=counts, clock=clock, validation=validation, final_loss=final_loss,
+                      threshold=config.threshold, image_size=size)
     write_info(out, info)
     return info

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from medvqa_env.errors import DatasetError
-from tool_backends.finetune.common import FinetuneArgs, one_cycle, provenance, training_run, validation_images, write_info
+from tool_backends.finetune.common import (FinetuneArgs, one_cycle, provenance, show_loss, step_bar, training_run,
+                                           validation_images, write_info)
 from tool_backends.finetune.data import annotated_images, label_counts
 from tool_backends.finetune.quality import dice
 
@@ -171,6 +172,7 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
         opt, sched = one_cycle(model.parameters(), lr, steps)
         log.info("segment: training on %d images (%d masks) of %s/%s, %d steps", len(masks),
                  sum(counts.values()), args.dataset, args.split, steps)
+        bar, final_loss = step_bar("segment", steps, args.progress), None
         for step in range(steps):
             idx = rng.integers(len(masks), size=min(args.batch_size, len(masks)))
             boxes, gold = [], []
@@ -187,8 +189,11 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             opt.step()
             sched.step()
+            final_loss = float(loss.detach())
+            show_loss(bar, final_loss)
             if step % 50 == 0 or step == steps - 1:
-                log.info("segment: step %d/%d loss %.4f", step + 1, steps, float(loss.detach()))
+                log.debug("segment: step %d/%d loss %.4f", step + 1, steps, final_loss)
+        bar.close()
         model.eval()
     if val_images:
         val_pixels, val_masks = load_examples(val_images, processor)
@@ -199,6 +204,6 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
     model.save_pretrained(out)
     processor.save_pretrained(out)
     info = provenance("segment", "sam", args, steps=steps, lr=lr, n_images=len(masks), labels=sorted(counts),
-                      label_counts=counts, clock=clock, validation=validation, prompts="boxes (SAM box noise 10%)")
+                      label_counts=counts, clock=clock, validation=validation, final_loss=final_loss, prompts="boxes (SAM box noise 10%)")
     write_info(out, info)
     return info

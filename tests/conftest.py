@@ -7,6 +7,14 @@ from pathlib import Path
 
 import pytest
 
+try:  # no Hypothesis example has a time bound: speed is measured in benchmarks, never asserted
+    from hypothesis import settings
+
+    settings.register_profile("medvqa", deadline=None)
+    settings.load_profile("medvqa")
+except ImportError:  # the dev extra is not installed: no property test runs either
+    pass
+
 REPO = Path(__file__).resolve().parents[1]
 VQA_RAD = Path(os.environ.get("MEDVQA_VQA_RAD", REPO.parent / "shared" / "data" / "vqa_rad"))
 

@@ -41,7 +41,7 @@ PACKAGES = ["medvqa_env", "agents", "tool_backends", "rewards", "train", "eval"]
 TARGETS: dict[str, list[str]] = {
     "rewards/normalize.py": ["tests/rewards/test_rule.py", "tests/rewards/test_mcq_two_options.py",
                              "tests/rewards/test_normalize_edges.py"],
-    "rewards/rule.py": ["tests/rewards/test_rule.py", "tests/rewards/test_mcq_two_options.py"],
+    "rewards/rule.py": ["tests/rewards/test_rule.py", "tests/rewards/test_rule_edges.py"],
     "rewards/adaptive.py": ["tests/rewards/test_adaptive.py"],
     "rewards/text_metrics.py": ["tests/rewards/test_text_metrics.py"],
     "rewards/shaping.py": ["tests/rewards/test_shaping.py"],
@@ -175,6 +175,7 @@ def measure(modules: list[str], args: Args, argv: list[str]) -> int:
         score = "n/a" if row["score"] is None else f"{100 * row['score']:.0f} %"
         lines.append(f"| `{row['module']}` | {row['mutants']} | {row['killed']} | {row['survived']} | "
                      f"{row['no tests']} | {score} | {row['cpu_s']:.0f} |")
+    figures["table"] = "\n".join(lines[4:])
     lines += ["", f"Total: {total['killed']} of {total['mutants']} killed ({figures['score_pct']:.1f} %), "
               f"{total['survived']} survived, {total['no tests']} reached by no test.", "",
               "Survivors (`mutmut show <name>` in a `--keep` copy gives the whole diff):", "", "```"]

@@ -7,7 +7,7 @@ constant changed, a call argument dropped, ...) and runs, for each mutant, the m
 files -- only those of them that reach the mutated function. A mutant is *killed* when a test fails,
 *survives* when they all pass, and has *no tests* when none reaches it. Each module runs in its own
 scratch copy of the checkout (mutmut writes ``mutants/`` beside the code it copies), so the checkout
-is never touched. The score is killed / (killed + survived + no tests + timeout-free suspicious);
+is never touched. The score is (killed + timeout) / (killed + survived + no tests + timeout + suspicious);
 survivors are printed as diffs and kept in the results with their names.
 
 Not run by CI or by ``run_all.py`` (minutes of CPU); run it after changing a listed module or its tests
@@ -52,6 +52,13 @@ TARGETS: dict[str, list[str]] = {
     "train/protocol.py": ["tests/train/test_protocol.py", "tests/train/test_protocol_verdict.py"],
 }
 
+# tests left out of a module's runs (``pytest -k``): slow ones that reach none of its functions, or
+# Hypothesis searches that would rerun hundreds of examples for every mutant
+DESELECT: dict[str, str] = {
+    "medvqa_env/parser.py": "not random and not megabyte",
+    "train/protocol.py": "not training_run and not answer_baselines",
+}
+
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
 
@@ -64,8 +71,10 @@ class Args:
     """mutmut's parallel workers"""
     keep: bool = False
     """keep each module's scratch copy (its mutants/ folder) and print where it is"""
+    update: bool = False
+    """rerun only the --only modules and merge them into the recorded results (the others keep theirs)"""
     results: str | None = None
-    """results folder (default benchmarks/results); the run is recorded only when every module ran"""
+    """results folder (default benchmarks/results); a run is recorded when every module has a row"""
 
 
 def scratch_copy(module: str, tests: list[str]) -> Path:
@@ -80,6 +89,8 @@ def scratch_copy(module: str, tests: list[str]) -> Path:
     section = ["[mutmut]", f"source_paths = {package}", f"only_mutate = {module}", "also_copy ="]
     section += [f"    {p}" for p in others] + ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
     section += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -q"]
+    if module in DESELECT:
+        section += ["    -k", f"    {DESELECT[module]}"]
     with open(root / "setup.cfg", "a") as f:
         f.write("\n" + "\n".join(section) + "\n")
     return root
@@ -116,7 +127,7 @@ def run_module(module: str, tests: list[str], args: Args) -> dict:
     survivors = {name: diff_line(root, name) for name, s in sorted(status.items()) if s in ("survived", "no tests")}
     row = {"module": module, "tests": tests, "mutants": len(status), **{k: counts.get(k, 0) for k in
            ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "not checked")},
-           "wall_s": time.monotonic() - start,
+           "wall_s": time.monotonic() - start, "date": time.strftime("%Y-%m-%d"),
            "cpu_s": (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system),
            "survivors": {n: (status[n], d) for n, d in survivors.items()}}
     scored = row["killed"] + row["survived"] + row["no tests"] + row["suspicious"] + row["timeout"]
@@ -145,8 +156,44 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(prog, run)
 
 
+COUNTS = ("mutants", "killed", "survived", "no tests", "timeout", "suspicious")
+
+
+def key_of(module: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", module.removesuffix(".py"))
+
+
+def module_figures(row: dict) -> dict:
+    """One module's row as named figures (enough to rebuild the row: ``--update`` reruns a few modules)."""
+    key = key_of(row["module"])
+    out = {f"{key}.{name.replace(' ', '_')}": row[name] for name in COUNTS}
+    out.update({f"{key}.score_pct": None if row["score"] is None else 100.0 * row["score"],
+                f"{key}.cpu_s": row["cpu_s"], f"{key}.date": row["date"],
+                f"{key}.survivors": "\n".join(f"{state}: {name}: {change}"
+                                               for name, (state, change) in row["survivors"].items())})
+    return out
+
+
+def row_from_figures(module: str, figures: dict) -> dict | None:
+    key = key_of(module)
+    if f"{key}.mutants" not in figures:
+        return None
+    row = {"module": module, **{name: figures[f"{key}.{name.replace(' ', '_')}"] for name in COUNTS},
+           "cpu_s": figures[f"{key}.cpu_s"], "date": figures[f"{key}.date"], "survivors": {}}
+    pct = figures[f"{key}.score_pct"]
+    row["score"] = None if pct is None else pct / 100.0
+    for line in filter(None, figures[f"{key}.survivors"].split("\n")):
+        state, name, change = line.split(": ", 2)
+        row["survivors"][name] = (state, change)
+    return row
+
+
 def measure(modules: list[str], args: Args, argv: list[str]) -> int:
-    rows = []
+    results = Path(args.results) if args.results else (ROOT / "benchmarks" / "results")
+    previous = {}
+    if args.update and (results / "mutation.json").is_file():
+        previous = json.loads((results / "mutation.json").read_text())["figures"]
+    fresh = {}
     for module in modules:
         print(f"[mutation] {module} against {', '.join(TARGETS[module])} ...", flush=True)
         row = run_module(module, TARGETS[module], args)
@@ -154,27 +201,28 @@ def measure(modules: list[str], args: Args, argv: list[str]) -> int:
               f"{row['no tests']} without tests ({row['cpu_s']:.0f} CPU s)", flush=True)
         for name, (state, change) in row["survivors"].items():
             print(f"    {state:9s} {name}: {change}")
-        rows.append(row)
+        fresh[module] = row
+    rows = [fresh.get(m) or row_from_figures(m, previous) for m in TARGETS]
+    rows = [r for r in rows if r is not None]
 
     total = Counter()
     for row in rows:
-        total.update({k: row[k] for k in ("mutants", "killed", "survived", "no tests", "timeout", "suspicious")})
+        total.update({k: row[k] for k in COUNTS})
     scored = total["killed"] + total["survived"] + total["no tests"] + total["suspicious"] + total["timeout"]
     figures = {"mutants": total["mutants"], "killed": total["killed"], "survived": total["survived"],
                "no_tests": total["no tests"], "timeout": total["timeout"], "suspicious": total["suspicious"],
                "score_pct": 100.0 * (total["killed"] + total["timeout"]) / scored if scored else None,
                "cpu_s": sum(r["cpu_s"] for r in rows), "modules": len(rows)}
-    lines = ["## Mutation testing", "", f"`{command_line('mutation.py', argv)}` (mutmut; each module against "
-             "its own test files)", "", "| module | mutants | killed | survived | no tests | score | CPU s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    command = "python benchmarks/mutation.py" if args.update else command_line("mutation.py", argv)
+    lines = ["## Mutation testing", "", f"`{command}` (mutmut; each module against its own test files; "
+             "score = killed / (killed + survived + no tests))", "",
+             "| module | mutants | killed | survived | no tests | score | CPU s | run |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
-        key = re.sub(r"[^A-Za-z0-9_]", "_", row["module"].removesuffix(".py"))
-        figures.update({f"{key}.mutants": row["mutants"], f"{key}.killed": row["killed"],
-                        f"{key}.survived": row["survived"], f"{key}.no_tests": row["no tests"],
-                        f"{key}.score_pct": None if row["score"] is None else 100.0 * row["score"]})
+        figures.update(module_figures(row))
         score = "n/a" if row["score"] is None else f"{100 * row['score']:.0f} %"
         lines.append(f"| `{row['module']}` | {row['mutants']} | {row['killed']} | {row['survived']} | "
-                     f"{row['no tests']} | {score} | {row['cpu_s']:.0f} |")
+                     f"{row['no tests']} | {score} | {row['cpu_s']:.0f} | {row['date']} |")
     figures["table"] = "\n".join(lines[4:])
     lines += ["", f"Total: {total['killed']} of {total['mutants']} killed ({figures['score_pct']:.1f} %), "
               f"{total['survived']} survived, {total['no tests']} reached by no test.", "",
@@ -183,13 +231,12 @@ def measure(modules: list[str], args: Args, argv: list[str]) -> int:
         for name, (state, change) in row["survivors"].items():
             lines.append(f"{state:9s} {name}: {change}")
     lines.append("```")
-    figures["survivors"] = "\n".join(f"{n}: {c}" for row in rows for n, (s, c) in row["survivors"].items())
-    results = Path(args.results) if args.results else (ROOT / "benchmarks" / "results")
-    full = set(modules) == set(TARGETS)
-    record("mutation", "\n".join(lines), figures, command_line("mutation.py", argv),
-           results if (full or args.results) else None)
-    if not full and not args.results:
-        print("[mutation] a subset of the modules: nothing recorded (give --results DIR to keep it)")
+    full = {r["module"] for r in rows} == set(TARGETS)
+    keep = full or bool(args.results)
+    record("mutation", "\n".join(lines), figures, command, results if keep else None)
+    if not keep:
+        print("[mutation] a subset of the modules: nothing recorded (--update merges it into the recorded run; "
+              "--results DIR keeps it elsewhere)")
     return 0
 
 

@@ -44,7 +44,7 @@ TARGETS: dict[str, list[str]] = {
     "rewards/rule.py": ["tests/rewards/test_rule.py", "tests/rewards/test_rule_edges.py"],
     "rewards/adaptive.py": ["tests/rewards/test_adaptive.py"],
     "rewards/text_metrics.py": ["tests/rewards/test_text_metrics.py"],
-    "rewards/shaping.py": ["tests/rewards/test_shaping.py"],
+    "rewards/shaping.py": ["tests/rewards/test_shaping.py", "tests/rewards/test_shaping_edges.py"],
     "medvqa_env/parser.py": ["tests/medvqa_env/test_parser.py", "tests/medvqa_env/test_tool_call_names.py"],
     "eval/metrics.py": ["tests/eval/test_eval_metrics.py", "tests/eval/test_bootstrap_interval.py"],
     "eval/scoring.py": ["tests/eval/test_eval_metrics.py"],

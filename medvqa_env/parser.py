@@ -187,7 +187,9 @@ def _parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
     if not isinstance(obj, dict):
         return None, f"<tool_call> must hold a JSON object, got {type(obj).__name__}."
     name = obj.get("name")
-    if not isinstance(name, str) or not name:
+    if name is not None and not isinstance(name, str):  # 5, ["zoom"], {...}: not a tool's name
+        return None, f"\"name\" in <tool_call> must be a string (a tool's name), got {type(name).__name__}."
+    if not name:
         return None, "<tool_call> is missing a string \"name\"."
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string

@@ -7,6 +7,20 @@ from pathlib import Path
 
 import pytest
 
+try:  # no Hypothesis example has a time bound: speed is measured in benchmarks, never asserted
+    import tempfile
+
+    from hypothesis import settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    settings.register_profile("medvqa", deadline=None)
+    settings.load_profile("medvqa")
+    # its example database and caches live outside the checkout: tests write only to temporary folders
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "medvqa-hypothesis"))
+except ImportError:  # the dev extra is not installed: no property test runs either
+    pass
+
 REPO = Path(__file__).resolve().parents[1]
 VQA_RAD = Path(os.environ.get("MEDVQA_VQA_RAD", REPO.parent / "shared" / "data" / "vqa_rad"))
 

@@ -21,6 +21,7 @@ def test_squash_stays_in_unit_interval_and_is_monotone(x, t, a_pos, a_neg):
     assert squash(min(x + 0.01, 1.0), t, a_pos, a_neg) >= y
 
 
+@settings(deadline=None)  # a property, not a timing: under load one example may take seconds
 @given(st.lists(st.lists(unit, max_size=20), max_size=15), st.floats(0.0, 0.2))
 def test_thresholds_move_boundedly_and_stay_clipped(batches, delta):
     t = AdaptiveThresholds(AdaptiveConfig(delta_max=delta, buffer_size=16), metrics=["cosine"])

@@ -565,11 +565,33 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
         old = json.loads(path.read_text())
     except json.JSONDecodeError:
         return
+    old = {**old, "agent": requested_agent_config(old.get("agent"))}
+    new = {**run_info, "agent": requested_agent_config(run_info.get("agent"))}
     diffs = [k for k in ("agent", "dataset", "split", *EvalConfig.IDENTITY)
-             if json.dumps(old.get(k), sort_keys=True, default=str) != json.dumps(run_info.get(k), sort_keys=True, default=str)]
+             if json.dumps(old.get(k), sort_keys=True, default=str) != json.dumps(new.get(k), sort_keys=True, default=str)]
     if diffs:
         raise ConfigError(f"{out_dir} holds results of a different setup (differs in {diffs}); "
                           f"use another --out or pass --overwrite")
+
+
+def requested_agent_config(config: Any) -> Any:
+    """An agent config as it was asked for: parameters the server rejected (recorded under
+    ``dropped_parameters`` / ``renamed_parameters`` by :class:`agents.openai_agent.OpenAIAgent`,
+    so the config holds what was sent) put back, so a resume compares like with like.
+
+    >>> requested_agent_config({"top_p": 1, "dropped_parameters": {"temperature": {"requested": 0.0, "why": "400"}},
+    ...                         "max_completion_tokens": 8, "renamed_parameters": {"max_tokens": "max_completion_tokens"}})
+    {'top_p': 1, 'temperature': 0.0, 'max_tokens': 8}
+    """
+    if not isinstance(config, dict):
+        return config
+    out = {k: v for k, v in config.items() if k not in ("dropped_parameters", "renamed_parameters")}
+    for name, entry in (config.get("dropped_parameters") or {}).items():
+        out[name] = entry.get("requested") if isinstance(entry, dict) else entry
+    for old, new in (config.get("renamed_parameters") or {}).items():
+        if new in out:
+            out[old] = out.pop(new)
+    return out
 
 
 def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str | None = None) -> dict[str, Any]:
@@ -654,6 +676,7 @@ def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_di
     agent_usage = getattr(agent, "usage", None)
     if callable(agent_usage):  # who answered (the model the server reported) and the tokens, as the agent counted
         info["agent_usage"] = agent_usage()
+        info["agent"] = agent.config()  # what was sent, after the server rejected any parameter
         if out_dir is not None:
             (Path(out_dir) / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     if out_dir is not None:

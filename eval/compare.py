@@ -97,7 +97,7 @@ def detail_table(runs: Sequence[tuple[str, EvalSummary]], ci: bool = False) -> s
     return "\n".join(lines)
 
 
-DATA_FIELDS = ("dataset", "split", "limit", "shuffle", "stratify", "k", "questions")
+DATA_FIELDS = ("dataset", "split", "answer_types", "limit", "shuffle", "stratify", "k", "questions")
 """What makes two runs' figures incomparable: they were not measured on the same questions."""
 SETTING_FIELDS = ("tools", "reward", "max_turns", "answer_protocol", "observation_style", "seed", "image_ablation",
                   "agent settings")

@@ -37,7 +37,7 @@ from medvqa_env.records import VQADataset, VQARecord
 from medvqa_env.pool import EnvPool, PoolSpec
 from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
 from eval.scoring import OpenMetrics, tool_stats
-from eval.selection import describe_selection, select_records
+from eval.selection import describe_selection, of_answer_types, select_records
 from eval.summary import EvalSummary
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,9 @@ class EvalConfig:
     ``question_type``) at its share of the split when ``limit`` takes N questions."""
     shuffle_seed: int | None = None
     """Seed of the ``shuffle``/``stratify`` draw (``None``: ``seed``)."""
+    answer_types: str | None = None
+    """Ask only questions of these answer types (comma list: ``CLOSED,MCQ``), before ``limit``
+    applies -- the trainers' held-out selection (``--answer-types``, ``--eval-size``). ``None``: all."""
     workers: int = 2
     """Env worker processes; 0 runs envs in this process (serial, for debugging and baselines)."""
     batch_size: int = 32
@@ -223,7 +226,8 @@ class Runner:
         if config.batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
-        self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config))
+        self.dataset = select_records(of_answer_types(dataset, config.answer_types), config.limit, config.shuffle,
+                                      config.stratify, selection_seed(config))
         # what the envs hold: the selected questions; under a "shuffle" ablation the whole split, so that a
         # question's swapped-in image comes from the split whatever the selection (--limit 3 may hold one image)
         self.env_dataset = dataset if config.image_ablation == "shuffle" else self.dataset
@@ -610,6 +614,8 @@ def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str |
         info["dataset_provenance"] = loaded.summary()
     info.update({"k": config.k, "limit": config.limit, "shuffle": config.shuffle, "stratify": config.stratify,
                  "shuffle_seed": selection_seed(config)})
+    if config.answer_types:
+        info["answer_types"] = config.answer_types
     return info
 
 

@@ -54,6 +54,27 @@ def selection_order(dataset: VQADataset, shuffle: bool = False, stratify: str | 
     return [next(queues[g]) for g in interleave([len(groups[n]) for n in names])]
 
 
+def of_answer_types(dataset: VQADataset, answer_types: str | None) -> VQADataset:
+    """The records whose answer type is in ``answer_types`` (comma list, any case; ``None`` or
+    ``""``: all), in dataset order; a :class:`ConfigError` naming the types when none is left.
+
+    >>> from medvqa_env.records import VQARecord
+    >>> ds = VQADataset([VQARecord("a", ("x.png",), "q?", "yes", "CLOSED", "d"), VQARecord("b", ("x.png",), "q?", "lung", "OPEN", "d")])
+    >>> [r.id for r in of_answer_types(ds, "closed")], len(of_answer_types(ds, None))
+    (['a'], 2)
+    """
+    wanted = {t.strip().upper() for t in (answer_types or "").split(",") if t.strip()}
+    if not wanted:
+        return dataset
+    known = {"CLOSED", "OPEN", "MCQ"}
+    if not wanted <= known:
+        raise ConfigError(f"expected answer types among {sorted(known)}, got {sorted(wanted - known)}")
+    kept = [r for r in dataset if r.answer_type.value in wanted]
+    if not kept:
+        raise ConfigError(f"expected questions of types {sorted(wanted)} in the dataset, got none")
+    return VQADataset(kept, name=dataset.name)
+
+
 def select_records(dataset: VQADataset, limit: int | None = None, shuffle: bool = False,
                    stratify: str | None = None, seed: int = 0) -> VQADataset:
     """The questions to evaluate, in dataset order; a :class:`ConfigError` when there are none."""

@@ -30,7 +30,7 @@ def kernel(tmp_path, monkeypatch):
     spec = tmp_path / "jupyter" / "kernels" / KERNEL
     spec.mkdir(parents=True)
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "agg"}
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "medvqa-gym test kernel", "language": "python", "env": env}))
@@ -40,8 +40,10 @@ def kernel(tmp_path, monkeypatch):
 
 def execute(path: Path, kernel_name: str, workdir: Path):
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=300,
-                                     resources={"metadata": {"path": str(workdir)}})
+    # iopub_timeout: on a loaded machine a cell's last outputs may arrive seconds after its reply;
+    # nbclient's default (4 s) would drop them silently
+    client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=300, iopub_timeout=60,
+                                     raise_on_iopub_timeout=True, resources={"metadata": {"path": str(workdir)}})
     client.execute()
     return nb
 

@@ -24,8 +24,10 @@ Requests carry only the sampling fields that are set (``temperature``, ``top_p``
 ``stop``, the token limit); the token limit is ``max_completion_tokens`` for OpenAI's own API and
 its reasoning models (``o1``.., ``gpt-5``..), else ``max_tokens`` (``token_limit_field`` picks).
 A request rejected (HTTP 400/422) for a parameter it names is sent again without it (or with the
-token limit under its other name) -- once per parameter -- with a warning naming it; later
-requests leave it out.
+token limit under its other name) -- once per parameter -- with one warning per run naming it
+(however many concurrent requests were rejected); later requests leave it out, and :meth:`config`
+records what was sent: the parameter moves to ``dropped_parameters`` (``{name: {"requested", "why"}}``),
+a renamed token limit to ``renamed_parameters``.
 
 Timeouts per request; connection errors, timeouts, 408/409/429 and 5xx are retried with
 exponential backoff (honouring ``Retry-After``); other 4xx fail at once. After the last try an
@@ -474,8 +476,12 @@ class OpenAIAgent(Agent):
                 self._leave_out(name, e)
 
     def _leave_out(self, name: str, error: EndpointError) -> None:
+        """Leave ``name`` out of later requests; warned once per run, however many concurrent
+        requests were rejected for it at the same time."""
         why = _short(error.body, 200)
         with self._lock:
+            if name in self.dropped or (name in self._limit_names_tried and self.token_limit_field != name):
+                return  # a concurrent request already left it out (and said so)
             if name == "tools":
                 if self.tool_protocol == "text":  # a concurrent request already switched
                     return
@@ -520,6 +526,15 @@ class OpenAIAgent(Agent):
                "concurrency": self.concurrency, **self.sampling, **self.extra_body}
         if self.max_tokens is not None:
             out[self.token_limit_name()] = self.max_tokens
+        with self._lock:  # what was sent: a parameter the server rejected is not in the requests
+            dropped = {name: {"requested": out.pop(name), "why": why} for name, why in self.dropped.items()
+                       if name in out}
+            renamed = {old: self.token_limit_field for old in self._limit_names_tried
+                       if self.max_tokens is not None and old != self.token_limit_field}
+        if dropped:
+            out["dropped_parameters"] = dropped
+        if renamed:
+            out["renamed_parameters"] = renamed
         return out
 
     def usage(self) -> dict[str, Any]:

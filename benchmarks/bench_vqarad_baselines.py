@@ -78,7 +78,8 @@ def compare(folders: list[Path], names: list[str]) -> tuple[str, str]:
     """The two tables exactly as ``python -m eval.compare RUNS --ci --detail --names ...`` prints them."""
     cmd = [sys.executable, "-m", "eval.compare", *map(str, folders), "--ci", "--detail", "--names", ",".join(names)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-    selection, _, detail = proc.stdout.strip().partition("\n\n")
+    selection, _, detail = proc.stdout.strip().partition("\n\n| Run")  # the selection table may end with a tie line
+    detail = "| Run" + detail
     if not selection.startswith("| Run") or not detail.startswith("| Run"):
         raise SystemExit(f"unexpected eval.compare output:\n{proc.stdout}")
     return selection.strip(), detail.strip()

@@ -3,11 +3,18 @@ checkpoint-selection table (CLOSED accuracy, OPEN ARMed Avg, Selected?) plus the
 metrics. The selected run is the best by ``--select`` (default: the mean of CLOSED accuracy and
 OPEN ARMed Avg over those a run has). ``--rank`` sorts them best first -- evaluate every checkpoint
 of a training run (``eval.run --agent vlm --agent-opt model=runs/grpo/checkpoints/step_N``) and
-rank them; a warning says when the runs differ in dataset, split, selection or size.
+rank them. A warning says when the runs differ in dataset, split, selection or size (the figures
+are not comparable) or in tools, reward, env or agent settings (the table compares those too).
+Runs that tie for the best score are marked ``tie`` and none is selected. ``compare.md`` and
+``compare.html`` (both tables, the warnings, the runs' folders) are written beside the runs
+(their common parent folder, or ``--out``).
 """
 
 from __future__ import annotations
 
+import html
+import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,16 +49,35 @@ def selection_score(summary: EvalSummary, select: str = "closed+open") -> float 
     return sum(values) / len(values) if values else None
 
 
+def best_runs(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open") -> list[str]:
+    """The names of the runs with the best ``select`` score: one, or several when they tie (equal
+    to 1e-9), or none when no run has the metrics.
+
+    >>> from eval.summary import GroupSummary
+    >>> a = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.5)))
+    >>> b = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.5)))
+    >>> best_runs([("a", a), ("b", b)], "closed")
+    ['a', 'b']
+    """
+    scores = [(name, selection_score(s, select)) for name, s in runs]
+    best = max((sc for _, sc in scores if sc is not None), default=None)
+    return [] if best is None else [name for name, sc in scores if sc is not None and abs(sc - best) <= 1e-9]
+
+
 def comparison_table(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open", ci: bool = False) -> str:
-    """The Markdown table; the best run by ``select`` is marked ✅."""
-    scores = [selection_score(s, select) for _, s in runs]
-    best = max((sc for sc in scores if sc is not None), default=None)
+    """The Markdown table; the best run by ``select`` is marked ✅. Runs that tie for the best
+    are each marked ``tie`` -- no run is selected -- and a line under the table says so."""
+    best = best_runs(runs, select)
     header = ["Run", "episodes", *[t for _, t in COLUMNS], "Selected?"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for (name, s), sc in zip(runs, scores):
+    for name, s in runs:
         cells = [fmt(getattr(s.overall, f, MetricValue()), ci=ci) for f, _ in COLUMNS]
-        mark = "✅" if sc is not None and sc == best else "no"
+        mark = ("✅" if len(best) == 1 else "tie") if name in best else "no"
         lines.append("| " + " | ".join([name, str(s.n_episodes), *cells, mark]) + " |")
+    if len(best) > 1:
+        score = selection_score(dict(runs)[best[0]], select)
+        lines.append(f"\nTie: {', '.join(best)} share the best {select} score ({score:.3f}); no run is selected "
+                     "(more questions, K > 1 or another --select may separate them).")
     return "\n".join(lines)
 
 
@@ -71,24 +97,113 @@ def detail_table(runs: Sequence[tuple[str, EvalSummary]], ci: bool = False) -> s
     return "\n".join(lines)
 
 
+DATA_FIELDS = ("dataset", "split", "answer_types", "limit", "shuffle", "stratify", "k", "questions")
+"""What makes two runs' figures incomparable: they were not measured on the same questions."""
+SETTING_FIELDS = ("tools", "reward", "max_turns", "answer_protocol", "observation_style", "seed", "image_ablation",
+                  "agent settings")
+"""What makes the table compare more than the runs' agents: env, tools, reward and the settings of
+the same agent (its config without the model it loads)."""
+
+
+def _field(summary: EvalSummary, name: str):
+    if name == "k":
+        return summary.k
+    if name == "questions":
+        return summary.n_questions
+    if name == "agent settings":
+        agent = summary.run.get("agent") or {}
+        return {k: v for k, v in agent.items() if k != "model"} if isinstance(agent, dict) else agent
+    return summary.run.get(name)
+
+
+def _short(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def setup_differences(runs: Sequence[tuple[str, EvalSummary]]) -> list[str]:
-    """Warnings when the runs were not measured on the same questions: a different dataset, split,
-    selection (limit/shuffle/stratify), K or number of questions makes the table unfair.
+    """Warnings when the runs were not measured on the same questions (:data:`DATA_FIELDS`: a
+    different dataset, split, selection, K or number of questions makes the table unfair), or not
+    with the same env, tools, reward or agent settings (:data:`SETTING_FIELDS`; agent settings are
+    compared between runs of the same agent, leaving out the model it loads: checkpoints differ
+    in that by design).
 
     >>> a, b = EvalSummary(run={"dataset": "vqa_rad", "split": "test"}), EvalSummary(run={"dataset": "slake", "split": "test"})
     >>> setup_differences([("a", a), ("b", b)])
-    ["runs differ in dataset: a='vqa_rad', b='slake'"]
+    ["runs differ in dataset: a='vqa_rad', b='slake'; the figures are not comparable"]
     """
     out = []
-    fields = {"dataset": lambda s: s.run.get("dataset"), "split": lambda s: s.run.get("split"),
-              "limit": lambda s: s.run.get("limit"), "shuffle": lambda s: s.run.get("shuffle"),
-              "stratify": lambda s: s.run.get("stratify"), "k": lambda s: s.k,
-              "questions": lambda s: s.n_questions}
-    for name, get in fields.items():
-        values = [(run_name, get(s)) for run_name, s in runs]
-        if len({repr(v) for _, v in values}) > 1:
-            out.append(f"runs differ in {name}: " + ", ".join(f"{n}={v!r}" for n, v in values))
+    for name in (*DATA_FIELDS, *SETTING_FIELDS):
+        if name == "agent settings":
+            by_agent: dict = {}
+            for run_name, s in runs:
+                by_agent.setdefault(repr((s.run.get("agent") or {}).get("name")), []).append((run_name, s))
+            groups = list(by_agent.values())
+        else:
+            groups = [list(runs)]
+        for group in groups:
+            values = [(run_name, _field(s, name)) for run_name, s in group]
+            if len({json.dumps(v, sort_keys=True, default=str) for _, v in values}) > 1:
+                why = ("the figures are not comparable" if name in DATA_FIELDS
+                       else "the table compares those settings as well as the runs")
+                out.append(f"runs differ in {name}: " + ", ".join(f"{n}={_short(v)}" for n, v in values) + f"; {why}")
     return out
+
+
+def report_dir(run_dirs: Sequence[str | Path]) -> Path:
+    """Where ``compare.md`` / ``compare.html`` go: the folder that holds the runs (their common
+    parent; the first run's parent when they share nothing but the filesystem root)."""
+    parents = [Path(r).resolve().parent if Path(r).is_dir() else Path(r).resolve().parent.parent for r in run_dirs]
+    common = Path(os.path.commonpath([str(p) for p in parents]))
+    return common if common != Path(common.anchor) else parents[0]
+
+
+def write_compare_reports(out_dir: str | Path, runs: Sequence[tuple[str, EvalSummary]], run_dirs: Sequence[str | Path],
+                          select: str, ci: bool, warnings: Sequence[str]) -> dict[str, Path]:
+    """``compare.md`` and ``compare.html`` in ``out_dir``: which runs, the warnings, the
+    selection table (with the tie line) and the detail table."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    selection = comparison_table(runs, select, ci)
+    detail = detail_table(runs, ci)
+    md = ["# Comparison", "", f"Selection metric: `{select}`.", "", "Runs:", ""]
+    md += [f"- {name}: `{path}`" for (name, _), path in zip(runs, run_dirs)]
+    if warnings:
+        md += ["", "**Warnings:**", ""] + [f"- {w}" for w in warnings]
+    md += ["", "## Selection", "", selection, "", "## Detail", "", detail, ""]
+    paths = {"markdown": out / "compare.md", "html": out / "compare.html"}
+    paths["markdown"].write_text("\n".join(md))
+    paths["html"].write_text(_html(runs, run_dirs, select, warnings, selection, detail))
+    return paths
+
+
+def _html_table(markdown: str) -> list[str]:
+    esc = html.escape
+    parts, rows = [], [line for line in markdown.splitlines() if line.startswith("|")]
+    notes = [line for line in markdown.splitlines() if line.strip() and not line.startswith("|")]
+    for i, row in enumerate(rows):
+        if i == 1:
+            continue  # the |---| line
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        tag = "th" if i == 0 else "td"
+        parts.append("<tr>" + "".join(f"<{tag}>{esc(c)}</{tag}>" for c in cells) + "</tr>")
+    return ["<table>", *parts, "</table>"] + [f"<p><strong>{esc(n)}</strong></p>" for n in notes]
+
+
+def _html(runs, run_dirs, select, warnings, selection, detail) -> str:
+    esc = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>MedVQA-Gym comparison</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+             "table{border-collapse:collapse;margin-bottom:1.5em;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}</style></head><body>",
+             "<h1>Comparison</h1>", f"<p>Selection metric: <code>{esc(select)}</code>.</p><ul>"]
+    parts += [f"<li>{esc(name)}: <code>{esc(str(path))}</code></li>" for (name, _), path in zip(runs, run_dirs)]
+    parts.append("</ul>")
+    if warnings:
+        parts += ["<p><strong>Warnings:</strong></p><ul>"] + [f"<li>{esc(w)}</li>" for w in warnings] + ["</ul>"]
+    parts += ["<h2>Selection</h2>", *_html_table(selection), "<h2>Detail</h2>", *_html_table(detail), "</body></html>"]
+    return "\n".join(parts)
 
 
 def checkpoint_step(summary: EvalSummary) -> int | None:
@@ -121,6 +236,8 @@ class CompareArgs:
     """comma-separated display names; otherwise the folder names, with the checkpoint step when known"""
     detail: bool = False
     """also print OPEN metrics, tool-use rates, pass@K figures"""
+    out: str | None = None
+    """folder for compare.md / compare.html (default: the folder holding the runs)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,9 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = args.names.split(",") if args.names else [_display_name(r, s) for r, s in zip(args.runs, summaries)]
         if len(names) != len(summaries):
             raise ConfigError(f"expected {len(summaries)} names, got {len(names)}")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"expected distinct run names, got {names}; pass --names")
         runs = list(zip(names, summaries))
-        for warning in setup_differences(runs):
-            print(f"warning: {warning}; the figures are not comparable", file=sys.stderr)
+        folders = dict(zip(names, args.runs))
+        warnings = setup_differences(runs)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if args.rank:
             runs.sort(key=lambda r: -(selection_score(r[1], args.select) if selection_score(r[1], args.select)
                                       is not None else float("-inf")))
@@ -147,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.detail:
             print()
             print(detail_table(runs, args.ci))
+        paths = write_compare_reports(args.out or report_dir(args.runs), runs, [folders[n] for n, _ in runs],
+                                      args.select, args.ci, warnings)
+        print(f"Wrote {paths['markdown']} and {paths['html']}", file=sys.stderr)
         return 0
 
     return run_cli(prog, compare)

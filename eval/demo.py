@@ -7,7 +7,8 @@
 2. an evaluation of baselines -- random, answer prior, a tool-then-answer heuristic with classical
    tools and with oracle tools (how much better tools help), and the oracle agent (annotations: an
    upper bound) -- over the embedded test split through the same env and reward, with reports
-   under ``outputs/demo/<run>/`` and a side-by-side table on stdout.
+   under ``outputs/demo/<run>/`` and a side-by-side table on stdout; ``--trained-tools`` adds a
+   row with ``ground`` and ``classify`` trained on the embedded train split (built on first use).
 
 The figures are baselines on synthetic phantoms, not medical claims.
 """
@@ -18,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from PIL import Image
 
@@ -40,6 +42,27 @@ RUNS = (
     ("tools(oracle)", "zoom-then-answer", ORACLE_TOOLS),
     ("oracle agent", "oracle", CLASSICAL_TOOLS),
 )
+TRAINED_RUN = "tools(trained)"
+"""The row ``--trained-tools`` adds: the same heuristic agent with ``ground`` and ``classify`` trained
+on the embedded train split (the ``trained`` engines: built on first use, a few CPU minutes, then
+cached), between the classical and the oracle tools."""
+
+
+def trained_tools(options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The tool config of the trained row; ``options`` go to both trained engines (the tests train
+    them for a few steps on a few images)."""
+    extra = dict(options or {})
+    return {"image_zoom_in": "local", "segment": {"engine": "classical"},
+            "ground": {"engine": "trained", **extra}, "classify": {"engine": "trained", **extra}}
+
+
+def demo_runs(trained: Mapping[str, Any] | None = None) -> tuple:
+    """:data:`RUNS`, with the trained-tools row after ``tools(oracle)`` when ``trained`` is given
+    (the trained engines' options; ``{}`` for their defaults)."""
+    if trained is None:
+        return RUNS
+    row = (TRAINED_RUN, "zoom-then-answer", trained_tools(trained))
+    return RUNS[:4] + (row,) + RUNS[4:]
 
 
 def probe_episode(out_dir: Path, index: int) -> None:
@@ -65,12 +88,13 @@ def probe_episode(out_dir: Path, index: int) -> None:
     env.close()
 
 
-def evaluate_baselines(out: Path, limit: int | None = None, workers: int = 2) -> list[tuple[str, object]]:
-    """Each baseline of :data:`RUNS` evaluated on the embedded test split: ``[(run name, EvalSummary)]``."""
+def evaluate_baselines(out: Path, limit: int | None = None, workers: int = 2,
+                       trained: Mapping[str, Any] | None = None) -> list[tuple[str, object]]:
+    """Each baseline of :func:`demo_runs` evaluated on the embedded test split: ``[(run name, EvalSummary)]``."""
     test = load_dataset("embedded", split="test")
     train = load_dataset("embedded", split="train")
     runs = []
-    for run_name, agent_name, tools in RUNS:
+    for run_name, agent_name, tools in demo_runs(trained):
         options = {"dataset": test} if agent_name == "oracle" else {"fit_on": train} if agent_name != "random" else {}
         agent = build_agent(agent_name, **options)
         config = EvalConfig(limit=limit, workers=workers, tools=tools)
@@ -95,6 +119,9 @@ class Args:
     """env worker processes for the evaluation"""
     index: int = 0
     """which test question the probe episode uses"""
+    trained_tools: bool = False
+    """add a row with ground and classify trained on the embedded train split (built on first use:
+    a few CPU minutes, then cached)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,8 +141,14 @@ def _demo(args: Args) -> int:
     probe_episode(out, args.index)
 
     print("\n== 2. Evaluate baselines on the embedded test split ==")
-    runs = evaluate_baselines(out, args.limit, args.workers)
+    if args.trained_tools:
+        print("(--trained-tools: the trained ground and classify are built on first use -- a few CPU minutes, "
+              "then cached)", file=sys.stderr)
+    runs = evaluate_baselines(out, args.limit, args.workers, {} if args.trained_tools else None)
     print("\n" + comparison_table(runs))
+    if not args.trained_tools:
+        print(f"\n(Add --trained-tools for a {TRAINED_RUN} row: the same agent with ground and classify trained "
+              "on the embedded train split; building them takes a few CPU minutes on first use.)")
     print("\n(Baselines on synthetic phantoms: a check that the env, tools and rewards work, not a medical claim.)")
     return 0
 

@@ -267,11 +267,23 @@ def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
         shown = {k: v for k, v in drop.items() if isinstance(v, dict) and v["normal"] is not None}
         print(f"\nimage ablation '{mode}': " + "; ".join(f"{k} {v['normal']:.3f} -> {v['ablated']:.3f}" for k, v in shown.items()))
     print(f"\nWrote {Path(run.out) / 'report.md'}, report.html, summary.json, episodes.jsonl")
+    print(compare_hint(run.out))
     problem = summary.scoring_problem(run.max_error_rate)
     if problem:  # a sweep must not read an unscored run as a result
         print(f"{PROG}: {problem}; see the failures in {Path(run.out) / 'report.md'}", file=sys.stderr)
         return 1
     return 0
+
+
+def compare_hint(out: str | Path) -> str:
+    """The ``eval.compare`` command that puts this run beside the other runs in its folder (the
+    same folder's runs with a ``summary.json``; a placeholder when there are none)."""
+    out = Path(out)
+    others = sorted(str(p.parent) for p in out.resolve().parent.glob("*/summary.json")
+                    if p.parent.resolve() != out.resolve())
+    runs = " ".join([str(out), *(str(out.parent / Path(o).name) for o in others)] if others else [str(out), "OTHER_RUN..."])
+    return (f"Compare it with other runs: python -m eval.compare {runs} "
+            f"(writes compare.md and compare.html beside them)")
 
 
 if __name__ == "__main__":

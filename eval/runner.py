@@ -37,7 +37,7 @@ from medvqa_env.records import VQADataset, VQARecord
 from medvqa_env.pool import EnvPool, PoolSpec
 from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
 from eval.scoring import OpenMetrics, tool_stats
-from eval.selection import describe_selection, select_records
+from eval.selection import describe_selection, of_answer_types, select_records
 from eval.summary import EvalSummary
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,6 @@ class EvalConfig:
     limit: int | None = None
     """Evaluate ``limit`` questions: the first of the split, or of the ``shuffle``/``stratify``
     order (:mod:`eval.selection`; a larger limit extends the same selection). ``None``: all."""
-    answer_types: str | None = None
-    """Only these answer types (comma list of ``CLOSED``, ``MCQ``, ``OPEN``), kept before ``limit``
-    applies: ``--answer-types CLOSED --limit 200`` asks a trainer's 200 held-out CLOSED questions."""
     shuffle: bool = False
     """Take the questions in a seeded random order (``shuffle_seed``) before ``limit`` applies."""
     stratify: str | None = None
@@ -68,6 +65,9 @@ class EvalConfig:
     ``question_type``) at its share of the split when ``limit`` takes N questions."""
     shuffle_seed: int | None = None
     """Seed of the ``shuffle``/``stratify`` draw (``None``: ``seed``)."""
+    answer_types: str | None = None
+    """Ask only questions of these answer types (comma list: ``CLOSED,MCQ``), before ``limit``
+    applies -- the trainers' held-out selection (``--answer-types``, ``--eval-size``). ``None``: all."""
     workers: int = 2
     """Env worker processes; 0 runs envs in this process (serial, for debugging and baselines)."""
     batch_size: int = 32
@@ -226,8 +226,8 @@ class Runner:
         if config.batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {config.batch_size!r}")
         self.agent, self.config, self.judge = agent, config, judge
-        self.dataset = select_records(dataset, config.limit, config.shuffle, config.stratify, selection_seed(config),
-                                      config.answer_types)
+        self.dataset = select_records(of_answer_types(dataset, config.answer_types), config.limit, config.shuffle,
+                                      config.stratify, selection_seed(config))
         # what the envs hold: the selected questions; under a "shuffle" ablation the whole split, so that a
         # question's swapped-in image comes from the split whatever the selection (--limit 3 may hold one image)
         self.env_dataset = dataset if config.image_ablation == "shuffle" else self.dataset
@@ -569,8 +569,10 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
         old = json.loads(path.read_text())
     except json.JSONDecodeError:
         return
+    old = {**old, "agent": requested_agent_config(old.get("agent"))}
+    new = {**run_info, "agent": requested_agent_config(run_info.get("agent"))}
     diffs = [k for k in ("agent", "dataset", "split", *EvalConfig.IDENTITY)
-             if json.dumps(old.get(k), sort_keys=True, default=str) != json.dumps(run_info.get(k), sort_keys=True, default=str)]
+             if json.dumps(old.get(k), sort_keys=True, default=str) != json.dumps(new.get(k), sort_keys=True, default=str)]
     if diffs:
         raise ConfigError(f"{out_dir} holds results of a different setup (differs in {diffs}); "
                           f"use another --out or pass --overwrite")
@@ -578,6 +580,26 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
 
     check_tools(old.get("tool_identity"), run_info.get("tool_identity") or {}, str(out_dir),
                 "Use another --out, or pass --overwrite to start its results again with these tools.")
+
+
+def requested_agent_config(config: Any) -> Any:
+    """An agent config as it was asked for: parameters the server rejected (recorded under
+    ``dropped_parameters`` / ``renamed_parameters`` by :class:`agents.openai_agent.OpenAIAgent`,
+    so the config holds what was sent) put back, so a resume compares like with like.
+
+    >>> requested_agent_config({"top_p": 1, "dropped_parameters": {"temperature": {"requested": 0.0, "why": "400"}},
+    ...                         "max_completion_tokens": 8, "renamed_parameters": {"max_tokens": "max_completion_tokens"}})
+    {'top_p': 1, 'temperature': 0.0, 'max_tokens': 8}
+    """
+    if not isinstance(config, dict):
+        return config
+    out = {k: v for k, v in config.items() if k not in ("dropped_parameters", "renamed_parameters")}
+    for name, entry in (config.get("dropped_parameters") or {}).items():
+        out[name] = entry.get("requested") if isinstance(entry, dict) else entry
+    for old, new in (config.get("renamed_parameters") or {}).items():
+        if new in out:
+            out[old] = out.pop(new)
+    return out
 
 
 def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str | None = None) -> dict[str, Any]:
@@ -598,8 +620,10 @@ def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str |
     loaded = dataset_provenance(dataset)  # the files read and the rows skipped (their list: skipped_records.jsonl)
     if loaded is not None:
         info["dataset_provenance"] = loaded.summary()
-    info.update({"k": config.k, "limit": config.limit, "answer_types": config.answer_types, "shuffle": config.shuffle,
-                 "stratify": config.stratify, "shuffle_seed": selection_seed(config)})
+    info.update({"k": config.k, "limit": config.limit, "shuffle": config.shuffle, "stratify": config.stratify,
+                 "shuffle_seed": selection_seed(config)})
+    if config.answer_types:
+        info["answer_types"] = config.answer_types
     return info
 
 
@@ -677,6 +701,7 @@ def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_di
     agent_usage = getattr(agent, "usage", None)
     if callable(agent_usage):  # who answered (the model the server reported) and the tokens, as the agent counted
         info["agent_usage"] = agent_usage()
+        info["agent"] = agent.config()  # what was sent, after the server rejected any parameter
         if out_dir is not None:
             (Path(out_dir) / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     if out_dir is not None:

@@ -54,29 +54,32 @@ def selection_order(dataset: VQADataset, shuffle: bool = False, stratify: str | 
     return [next(queues[g]) for g in interleave([len(groups[n]) for n in names])]
 
 
-def answer_type_filter(answer_types: str | None) -> set[str] | None:
-    """``"closed, OPEN"`` -> ``{"CLOSED", "OPEN"}``; ``None``/``""`` -> ``None`` (every type).
+def of_answer_types(dataset: VQADataset, answer_types: str | None) -> VQADataset:
+    """The records whose answer type is in ``answer_types`` (comma list, any case; ``None`` or
+    ``""``: all), in dataset order; a :class:`ConfigError` naming the types when none is left.
 
-    >>> sorted(answer_type_filter("closed, OPEN")), answer_type_filter(None)
-    (['CLOSED', 'OPEN'], None)
+    >>> from medvqa_env.records import VQARecord
+    >>> ds = VQADataset([VQARecord("a", ("x.png",), "q?", "yes", "CLOSED", "d"), VQARecord("b", ("x.png",), "q?", "lung", "OPEN", "d")])
+    >>> [r.id for r in of_answer_types(ds, "closed")], len(of_answer_types(ds, None))
+    (['a'], 2)
     """
-    from medvqa_env.records import AnswerType
-
-    if not answer_types:
-        return None
-    return {AnswerType.parse(t.strip()).value for t in str(answer_types).split(",") if t.strip()}
+    wanted = {t.strip().upper() for t in (answer_types or "").split(",") if t.strip()}
+    if not wanted:
+        return dataset
+    known = {"CLOSED", "OPEN", "MCQ"}
+    if not wanted <= known:
+        raise ConfigError(f"expected answer types among {sorted(known)}, got {sorted(wanted - known)}")
+    kept = [r for r in dataset if r.answer_type.value in wanted]
+    if not kept:
+        raise ConfigError(f"expected questions of types {sorted(wanted)} in the dataset, got none")
+    return VQADataset(kept, name=dataset.name)
 
 
 def select_records(dataset: VQADataset, limit: int | None = None, shuffle: bool = False,
-                   stratify: str | None = None, seed: int = 0, answer_types: str | None = None) -> VQADataset:
-    """The questions to evaluate, in dataset order; a :class:`ConfigError` when there are none.
-    ``answer_types`` keeps only those types before ``limit`` applies (a trainer's held-out
-    questions are the first ``eval_size`` of its ``--answer-types``)."""
+                   stratify: str | None = None, seed: int = 0) -> VQADataset:
+    """The questions to evaluate, in dataset order; a :class:`ConfigError` when there are none."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"expected limit to be a positive int or None, got {limit!r}")
-    wanted = answer_type_filter(answer_types)
-    if wanted is not None:
-        dataset = VQADataset([r for r in dataset if r.answer_type.value in wanted], dataset.name)
     order = selection_order(dataset, shuffle, stratify, seed)
     chosen = sorted(order[:limit] if limit is not None else order)
     if not chosen:

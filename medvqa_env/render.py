@@ -1,7 +1,8 @@
 """Draw an episode: the question's image with what the tools did, the tool outputs, and the turns.
 
 Left: image 0 with zoom/segment regions (yellow), grounding boxes (cyan, with label and score) and
-masks (red tint). Below it: thumbnails of the images tools returned. Right: the question and each
+masks (red tint); each label sits beside its box (above, else below or to a side), never over what
+the box shows. Below it: thumbnails of the images tools returned. Right: the question and each
 turn's action and observation, wrapped. Returns an ``HxWx3`` ``uint8`` array.
 """
 
@@ -88,10 +89,11 @@ def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: fl
         x0, y0, x1, y1 = (float(v) * scale for v in bbox)
         return [min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)]
 
+    labels = []  # drawn last, beside their boxes, so no box outline crosses a label
     for bbox, name in regions:
         x0, y0, x1, y1 = scaled(bbox)
         draw.rectangle([x0, y0, x1, y1], outline=REGION, width=width)
-        draw.text((x0 + 3, y0 + 2), name, fill=REGION, font=font)
+        labels.append(((x0, y0, x1, y1), name, REGION))
     for box in boxes:
         bbox = box.get("bbox") if isinstance(box, dict) else None
         if not _is_box(bbox):
@@ -99,8 +101,47 @@ def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: fl
         x0, y0, x1, y1 = scaled(bbox)
         draw.rectangle([x0, y0, x1, y1], outline=GROUNDING, width=width)
         label = f"{box.get('label', '')} {box.get('score', ''):.2f}" if isinstance(box.get("score"), float) else str(box.get("label", ""))
-        draw.text((x0 + 3, y1 - 16), label, fill=GROUNDING, font=font)
+        labels.append(((x0, y0, x1, y1), label, GROUNDING))
+    for rect, text, colour in labels:
+        if not text.strip():
+            continue
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        x, y = label_position(rect, (right - left + 4, bottom - top + 4), out.size, width)
+        draw.rectangle([x, y, x + right - left + 4, y + bottom - top + 4], fill=BACKGROUND)
+        draw.text((x + 2 - left, y + 2 - top), text, fill=colour, font=font)
     return out
+
+
+def label_position(box: tuple[float, float, float, float], size: tuple[int, int], image_size: tuple[int, int],
+                   gap: int = 2) -> tuple[int, int]:
+    """Top-left corner for a ``size`` label beside ``box`` -- above it, else below, else to its
+    right, else to its left -- never over what the box shows (the lesion a ground label names);
+    kept inside the image. Inside the box only when no side has room.
+
+    >>> label_position((40, 40, 60, 60), (30, 10), (100, 100))  # above
+    (40, 28)
+    >>> label_position((40, 0, 60, 20), (30, 10), (100, 100))   # at the top edge: below
+    (40, 22)
+    >>> label_position((0, 0, 80, 100), (15, 10), (100, 100))   # full height: to the right
+    (82, 0)
+    """
+    (x0, y0, x1, y1), (w, h), (width, height) = box, size, image_size
+
+    def fit_x(x: float) -> int:
+        return int(max(0, min(x, width - w)))
+
+    def fit_y(y: float) -> int:
+        return int(max(0, min(y, height - h)))
+
+    if y0 - gap - h >= 0:
+        return fit_x(x0), int(y0 - gap - h)
+    if y1 + gap + h <= height:
+        return fit_x(x0), int(y1 + gap)
+    if x1 + gap + w <= width:
+        return int(x1 + gap), fit_y(y0)
+    if x0 - gap - w >= 0:
+        return int(x0 - gap - w), fit_y(y0)
+    return fit_x(x0), fit_y(y0)
 
 
 def _fit(image: Image.Image, side: int) -> Image.Image:

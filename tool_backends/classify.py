@@ -2,10 +2,17 @@
 
 Engines: ``clip`` / ``siglip`` via transformers, ``open_clip`` (BiomedCLIP, in its own venv),
 ``oracle`` (annotated labels).
+
+An engine with a fixed label set (``known_labels``: a folder trained by
+``python -m tool_backends.finetune classify``, the ``trained`` engine) scores any label it is
+given, but its probability for a label it never learned means little. Such labels are named in
+the tool's text (for the model), in ``data["unknown_labels"]`` (the env's
+``info["tool_calls"][i]["data"]``) and in a logged warning (for a person, once per label).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Sequence
 
@@ -16,6 +23,23 @@ from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, random_w
 from tool_backends.engines import build_engine
 from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, resolve_bbox, show_box, unit
 from tool_backends.segment import IMAGE_INDEX_SCHEMA
+
+log = logging.getLogger(__name__)
+
+
+def unknown_labels(labels: Sequence[str], known: Sequence[str] | None) -> list[str]:
+    """The ``labels`` outside an engine's ``known`` label set (case and spacing ignored); none
+    when the engine has no fixed set.
+
+    >>> unknown_labels(["normal", "Lesion", " CT "], ["CT", "MRI", "lesion"])
+    ['normal']
+    >>> unknown_labels(["anything"], None)
+    []
+    """
+    if not known:
+        return []
+    fold = {" ".join(k.split()).casefold() for k in known}
+    return [lab for lab in labels if " ".join(lab.split()).casefold() not in fold]
 
 
 def normalise_scores(scores: dict[str, float], labels: Sequence[str]) -> dict[str, float]:
@@ -40,6 +64,7 @@ class ClassifyTool(Tool):
                  name: str = "classify", **engine_options: Any) -> None:
         self.engine_name = engine
         self.engine = build_engine("classify", engine, **engine_options)
+        self._warned: set[str] = set()  # unknown labels already logged
         self.spec = ToolSpec(
             name=name,
             description=("Zero-shot classification: give 2 or more candidate labels (e.g. modality, organ, finding) "
@@ -76,8 +101,22 @@ class ClassifyTool(Tool):
         ranked = sorted(scores.items(), key=lambda kv: -kv[1])
         listing = ", ".join(f"{lab} {p:.3f}" for lab, p in ranked)
         note = random_weights_note(self.engine, self.engine_name)
+        known = getattr(self.engine, "known_labels", None)
+        unknown = unknown_labels(labels, known)
         data = {"image_index": source, "engine": self.engine_name, "scores": {k: round(v, 6) for k, v in scores.items()},
                 "top": ranked[0][0], "region": list(region) if region else None, "random_weights": bool(note)}
+        if known:
+            data["unknown_labels"] = unknown
+        if unknown:
+            note += (f" WARNING: this classifier was trained on the labels {list(known)} only; "
+                     f"{', '.join(repr(u) for u in unknown)} {'is' if len(unknown) == 1 else 'are'} not among them, "
+                     "so the scores mean little.")
+            fresh = [u for u in unknown if u not in self._warned]
+            if fresh:
+                self._warned.update(fresh)
+                log.warning("%s (engine %r) was asked about %s, outside the labels it was trained on %s: its scores "
+                            "for them mean little (the observation's info flags them: data['unknown_labels'])",
+                            self.name, self.engine_name, fresh, list(known))
         return ToolResult(text=f"Classification of {where}: {listing}.{note}", data=data)
 
     def close(self) -> None:

@@ -46,6 +46,30 @@ class _Everything:
         return True
 
 
+class ServerUnavailable(ToolBackendError):
+    """The server did not answer (refused, reset, timed out). ``str()`` is the model-facing
+    message (the episode goes on); ``problem`` says what failed, for a person."""
+
+    def __init__(self, message: str, problem: str) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+def unreachable_message(url: str, problem: str, tools: Sequence[str] | None = None) -> str:
+    """What a person reads when a configured tool server cannot be reached: what failed and what
+    to check.
+
+    >>> print(unreachable_message("http://127.0.0.1:7660", "ConnectionRefusedError, 4 attempts", ["segment"]))
+    cannot reach the tool server at http://127.0.0.1:7660 (configured for ['segment']): ConnectionRefusedError, 4 attempts. Check that a server is running there (`medvqa-tools serve --tools segment --port 7660`), that host and port are right, and that its health answers (`curl http://127.0.0.1:7660/health`).
+    """
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    tools_flag = f" --tools {','.join(tools)}" if tools else ""
+    return (f"cannot reach the tool server at {url}" + (f" (configured for {list(tools)})" if tools else "")
+            + f": {problem}. Check that a server is running there (`medvqa-tools serve{tools_flag} --port {port}`), "
+            f"that host and port are right, and that its health answers (`curl {url.rstrip('/')}/health`).")
+
+
 class Response(NamedTuple):
     """A complete HTTP response (status, lower-cased headers, body)."""
 
@@ -217,20 +241,24 @@ class HTTPToolBackend:
             try:
                 response = pool.request(method, path, content, headers, remaining)
             except (TimeoutError, socket.timeout):
-                raise ToolBackendError(f"{what} timed out after {self.timeout_s:g} s (server {self.url}). "
-                                       "Try another tool or answer without it.") from None
+                raise ServerUnavailable(f"{what} timed out after {self.timeout_s:g} s (server {self.url}). "
+                                        "Try another tool or answer without it.",
+                                        problem=f"no answer within {self.timeout_s:g} s") from None
             except (OSError, http.client.HTTPException) as e:
                 problem = f"could not reach {self.url} ({type(e).__name__})"
+                seen = f"{type(e).__name__} ({e})" if str(e) else type(e).__name__
             else:
                 if response.status_code not in RETRY_STATUS:
                     return response
                 problem = f"{self.url} answered {response.status_code}"
+                seen = f"it answered HTTP {response.status_code}"
             if attempt < self.retries and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay *= 2
             else:
                 break
-        raise ToolBackendError(f"{what} is unavailable: {problem}. Try another tool or answer without it.")
+        raise ServerUnavailable(f"{what} is unavailable: {problem}. Try another tool or answer without it.",
+                                problem=f"{seen}, {attempt + 1} attempt{'s' if attempt else ''}")
 
     def _detail(self, response: Response) -> str:
         """The server's error detail, with our token blanked out (a proxy may echo our headers)."""
@@ -246,8 +274,8 @@ class HTTPToolBackend:
         if self._specs is None:
             try:
                 response = self._request("GET", "/tools", f"Tool server {self.url}")
-            except ToolBackendError as e:
-                raise ConfigError(f"cannot list tools: {e}") from None
+            except ServerUnavailable as e:  # for the person who configured it, not the model's advice
+                raise ConfigError(unreachable_message(self.url, e.problem, self.tools)) from None
             if response.status_code != 200:
                 raise ConfigError(f"tool server {self.url} refused /tools ({response.status_code}): "
                                   f"{self._detail(response)}")

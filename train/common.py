@@ -385,3 +385,71 @@ def write_heldout_answers(path: str | Path, trajectories: Sequence[Any], step: i
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write("\n".join(rows) + ("\n" if rows else ""))
+
+
+# ==============================================================================================
+# The end of a run: what it reached, where the model is, how to check it
+# ==============================================================================================
+HELDOUT_FIGURES = (("accuracy", "accuracy", ".3f"), ("open/armed_avg", "OPEN ARMed Avg", ".3f"),
+                   ("open/exact_match", "OPEN EM", ".3f"), ("reward_mean", "mean reward", "+.3f"),
+                   ("format_ok", "format ok", ".3f"), ("calls_per_episode", "tool calls/ep", ".2f"),
+                   ("distinct_answers", "distinct answers", ".0f"))
+
+
+def reproduce_command(args: Any, model_dir: str | Path, kind: str, out: str | Path) -> str:
+    """The ``python -m eval.run`` command that evaluates ``model_dir`` on the trainer's held-out
+    questions (``--eval-split``, ``--answer-types``, the first ``--eval-size``) as the trainer's
+    greedy evaluation does: the checkpoint's own tools, turns and prompt (read from its
+    ``medvqa_run.json``), the same generation length, no sampling."""
+    import shlex
+
+    agent = "vlm" if kind == "vlm" else "text-llm"
+    cmd = ["python", "-m", "eval.run", "--agent", agent, "--agent-opt", f"model={model_dir}",
+           "--agent-opt", f"max_new_tokens={args.max_new_tokens}", "--agent-opt", "temperature=0",
+           "--dataset", args.dataset]
+    for opt in args.dataset_opt or ():
+        cmd += ["--dataset-opt", opt]
+    cmd += ["--split", args.eval_split]
+    if args.answer_types:
+        cmd += ["--answer-types", args.answer_types]
+    cmd += ["--limit", str(args.eval_size), "--out", str(out)]
+    if getattr(args, "device", "auto") not in (None, "auto", "cpu"):
+        cmd += ["--device", args.device]
+    if getattr(args, "dtype", "float32") not in (None, "float32"):
+        cmd += ["--dtype", args.dtype]
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def run_summary(trainer: str, args: Any, out: str | Path, kind: str | None, n_heldout: int) -> str:
+    """The lines a trainer ends with: the final held-out figures (the last evaluation in
+    ``metrics.jsonl``, image ablations included), the saved model's path and the ``eval.run``
+    command that reproduces the figure."""
+    from train.checkpoint import latest_checkpoint
+    from train.metrics_log import read_metrics
+
+    out = Path(out)
+    rows = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    final = next((r for r in reversed(rows) if "eval/accuracy" in r), {})
+    model_dir = out / "final" if (out / "final").is_dir() else latest_checkpoint(out)
+    if kind is None and model_dir is not None:  # a finished run met again: the save says what it is
+        from agents.models import read_run_file
+
+        kind = read_run_file(model_dir).get("kind", "vlm")
+    where = f"{args.eval_split} split, {n_heldout} {args.answer_types or 'all'} questions"
+    lines = [f"== {trainer} done: {final.get('step', '?')} of {args.steps} steps in {out} =="]
+    if final:
+        shown = [f"{title} {final[f'eval/{key}']:{spec}}" for key, title, spec in HELDOUT_FIGURES
+                 if isinstance(final.get(f"eval/{key}"), (int, float))]
+        lines.append(f"held-out ({where}, greedy) at step {final['step']}: " + ", ".join(shown))
+        for mode in sorted({k.split("/")[0][5:] for k in final if k.startswith("eval_") and k.endswith("/accuracy")}):
+            lines.append(f"  with the images {mode}: accuracy {final[f'eval_{mode}/accuracy']:.3f}")
+    else:
+        lines.append("held-out: no evaluation was logged")
+    if model_dir is None:
+        lines.append("checkpoint: none saved (--save-final false and no --save-every step)")
+    else:
+        lines.append(f"checkpoint: {model_dir}")
+        lines.append("reproduce the held-out figure: "
+                     + reproduce_command(args, model_dir, kind, out / "eval" / Path(model_dir).name))
+    lines.append(f"metrics: {out / 'metrics.jsonl'}; every held-out answer: {out / 'heldout_answers.jsonl'}")
+    return "\n".join(lines)

@@ -31,8 +31,8 @@ from medvqa_env.errors import ConfigError
 from train.checkpoint import (checkpoint_step, latest_checkpoint, load_checkpoint, record_settings, save_checkpoint,
                               trained_settings)
 from train.common import (build_policy, check_resume, count_trainable, evaluate_ablations, evaluate_heldout,
-                          make_optimizer, parse_args, run_env_kwargs, save_policy, select_indices, system_prompt_of,
-                          write_run_record)
+                          make_optimizer, parse_args, run_env_kwargs, run_summary, save_policy, select_indices,
+                          system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, purge_rows, reward_thresholds, rollout_metrics
 from train.rollout import HFGenerator, collect_rollouts, fill_groups, group_requests
@@ -282,6 +282,9 @@ def main(args: Args) -> dict[str, float] | int:
     record = write_run_record(out, args, resumed_at=int(ckpt.name.rsplit("_", 1)[1]) if ckpt else None)
     if ckpt is not None and int(ckpt.name.rsplit("_", 1)[1]) >= args.steps and (out / "final").exists():
         print(f"{out} already finished {args.steps} steps; nothing to do")
+        print(run_summary("train.grpo", args, out, None, len(select_indices(
+            args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
+            dataset_options=record["args"]["dataset_opt"]))))
         return {}
 
     # ---- env factory: the env's prompt, tools, reward and dataset, as every other consumer ----
@@ -397,6 +400,7 @@ def main(args: Args) -> dict[str, float] | int:
     logger.close()
     pool.close()
     eval_pool.close()
+    print(run_summary("train.grpo", args, out, kind, len(eval_idx)), flush=True)
     return metrics if args.steps > start_step else {}
 
 

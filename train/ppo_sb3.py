@@ -167,10 +167,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+        model.save(policy_path(args.out))
+    print(end_lines(result, args, sys.argv[1:] if argv is None else argv))
     vec_env.close()
     services.close()
     eval_env.close()
     return result
+
+
+def policy_path(out: str) -> str:
+    """Where the trained PPO policy is saved beside the ``--out`` figures (SB3's ``.zip``)."""
+    import os
+
+    return os.path.splitext(out)[0] + ".policy.zip"
+
+
+def end_lines(result: dict[str, Any], args: Args, argv: list[str]) -> str:
+    """What the run ends with: the final held-out figure, where the policy and figures are, and
+    the command that reproduces them. The PPO policy acts through the discrete wrapper, not as an
+    ``eval.run`` agent, so its held-out figure is this script's own evaluation (seeded: the same
+    command gives the same figure)."""
+    import shlex
+
+    a = result["after"]
+    saved = (f"policy: {policy_path(args.out)} (stable-baselines3 PPO.load); figures: {args.out}" if args.out
+             else "policy: not saved (pass --out FILE.json to keep the figures and the policy)")
+    return "\n".join([f"== train.ppo_sb3 done: {args.total_timesteps} steps ==",
+                      f"held-out ({args.eval_split} split, {result['eval_questions']} questions): accuracy "
+                      f"{a['accuracy']:.3f}, mean reward {a['mean_reward']:+.3f} (answer prior "
+                      f"{result['answer_prior_accuracy']:.3f})", saved,
+                      "reproduce the held-out figure: python -m train.ppo_sb3 " + " ".join(shlex.quote(x) for x in argv)])
 
 
 def _prior_accuracy(prior, dataset, n: int, args: Args) -> float:

@@ -40,8 +40,8 @@ from medvqa_env.errors import ConfigError
 from train.checkpoint import (checkpoint_step, latest_checkpoint, load_checkpoint, record_settings, save_checkpoint,
                               trained_settings)
 from train.common import (build_policy, check_resume, count_trainable, evaluate_ablations, evaluate_heldout,
-                          make_optimizer, parse_args, run_env_kwargs, save_policy, select_indices, system_prompt_of,
-                          write_run_record)
+                          make_optimizer, parse_args, run_env_kwargs, run_summary, save_policy, select_indices,
+                          system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, purge_rows
 from train.rollout import ScriptedGenerator, collect_rollouts
@@ -184,6 +184,9 @@ def main(args: Args) -> dict[str, float]:
     record = write_run_record(out, args, resumed_at=start_step if ckpt is not None else None)
     if start_step >= args.steps and (out / "final").exists():
         print(f"{out} already finished {args.steps} steps; nothing to do")
+        print(run_summary("train.sft", args, out, None, len(select_indices(
+            args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
+            dataset_options=parse_options(args.dataset_opt, "--dataset-opt")))))
         return {}
 
     # ---- data and envs --------------------------------------------------------------------
@@ -255,6 +258,7 @@ def main(args: Args) -> dict[str, float]:
     logger.close()
     pool.close()
     eval_pool.close()
+    print(run_summary("train.sft", args, out, kind, len(eval_idx)), flush=True)
     return metrics
 
 

@@ -359,3 +359,35 @@ def test_a_wrong_key_fails_at_once_without_leaking_it(smollm2_server, monkeypatc
         agent.act(conv)
     assert e.value.attempts == 1 and e.value.status == 401
     assert "sk-wrong" not in str(e.value) and "sk-wrong" not in repr(agent) and "sk-wrong" not in str(agent.config())
+
+
+def test_a_parameter_rejected_by_concurrent_requests_is_warned_once_and_recorded_as_not_sent(fake, tmp_path, caplog):
+    """Four requests in flight all rejected for ``temperature``: one warning, not four; the run's
+    recorded agent config holds what was sent (no temperature; it is under dropped_parameters),
+    and the same command resumes the finished run instead of calling it another setup."""
+    from eval.runner import EvalConfig, evaluate
+    from medvqa_env.datasets import load_dataset
+
+    server, url = fake
+    lock = threading.Lock()
+
+    def answer(body):
+        with lock:
+            if "temperature" in body:
+                return (400, {"error": {"message": "Unsupported value: 'temperature' does not support 0.0 with this "
+                                                   "model.", "param": "temperature"}}, 0.2)  # all four arrive first
+        return completion("\\boxed{yes}")
+
+    server.script = [answer] * 8
+    config = EvalConfig(limit=4, workers=0, open_metrics=False, progress=False, bootstrap=0, tools="none",
+                        batch_size=4)
+    dataset = load_dataset("embedded", split="test")
+    with caplog.at_level(logging.WARNING, logger="agents.openai_agent"):
+        evaluate(OpenAIAgent(url, model="m", api_key_env=None, temperature=0.0, concurrency=4), dataset, config,
+                 out_dir=tmp_path / "run")
+    assert sum(r["body"].get("temperature") == 0.0 for r in server.requests) == 4  # the four concurrent ones
+    assert caplog.text.count("rejected 'temperature'") == 1
+    agent = json.loads((tmp_path / "run" / "run.json").read_text())["agent"]
+    assert "temperature" not in agent and agent["dropped_parameters"]["temperature"]["requested"] == 0.0
+    evaluate(OpenAIAgent(url, model="m", api_key_env=None, temperature=0.0, concurrency=4), dataset, config,
+             out_dir=tmp_path / "run")  # a resume: the same request, nothing left to run

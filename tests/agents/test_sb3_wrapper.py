@@ -80,17 +80,26 @@ def test_bad_actions_and_envs_raise(wrapped):
     assert env.observation_space["image"].shape == (3, 48, 48)
 
 
-def test_ppo_script_trains_and_reports(tmp_path):
+def test_ppo_script_trains_and_reports(tmp_path, capsys):
     import json
+
+    from stable_baselines3 import PPO
 
     from train.ppo_sb3 import main
 
     out = tmp_path / "ppo.json"
-    result = main(["--total-timesteps", "128", "--n-envs", "2", "--n-steps", "64", "--batch-size", "64",
-                   "--n-epochs", "1", "--eval-episodes", "8", "--out", str(out)])
+    argv = ["--total-timesteps", "128", "--n-envs", "2", "--n-steps", "64", "--batch-size", "64",
+            "--n-epochs", "1", "--eval-episodes", "8", "--out", str(out)]
+    result = main(argv)
     saved = json.loads(out.read_text())
     assert saved["before"]["n"] == 8 and 0.0 <= saved["after"]["accuracy"] <= 1.0
     assert set(result["after"]["accuracy_by_type"]) <= {"CLOSED", "OPEN", "MCQ"}
+    # it ends with the final held-out figure, where the policy is, and the command that reproduces it
+    printed = capsys.readouterr().out
+    end = printed[printed.index("== train.ppo_sb3 done"):]
+    assert f"accuracy {saved['after']['accuracy']:.3f}" in end and f"{tmp_path / 'ppo.policy.zip'}" in end
+    assert "reproduce the held-out figure: python -m train.ppo_sb3 " + " ".join(argv) in end
+    assert PPO.load(str(tmp_path / "ppo.policy.zip"), device="cpu").policy is not None
 
 
 def test_sb3_copies_share_one_reward_and_ppo_ends_a_batch_per_rollout(train_set):

@@ -54,7 +54,7 @@ def test_killed_run_resumes_to_the_same_results(tmp_path, manifest):
     table = subprocess.run([sys.executable, "-m", "eval.compare", str(whole), str(killed), "--names", "a,b"],
                            cwd=REPO, env=env(), capture_output=True, text=True, timeout=60, check=True).stdout
     assert table.splitlines()[0].startswith("| Run | episodes | CLOSED | OPEN Avg (ARMed)")
-    assert table.count("✅") == 2  # identical runs tie
+    assert table.count("✅") == 0 and "| tie |" in table and "Tie: a, b share the best" in table  # no two winners
 
 
 def test_cli_reports_caller_errors_clearly(tmp_path, manifest):
@@ -109,3 +109,32 @@ def test_compare_ranks_runs_and_warns_when_they_differ(tmp_path, capsys):
     assert "warning: runs differ in limit" in captured.err and "questions: small=2, big=4" in captured.err
     rows = [line for line in captured.out.splitlines() if line.startswith("| small") or line.startswith("| big")]
     assert len(rows) == 2
+
+
+def test_compare_writes_its_report_beside_the_runs_and_names_differing_settings(tmp_path, capsys):
+    """Two runs of one agent that tie: compare.md / compare.html beside them (their parent folder),
+    no run selected, and warnings for a differing tool config and agent setting, which the table
+    would otherwise hide; eval.run ends with the command that compares its run with its siblings."""
+    from eval.compare import main
+    from eval.run import compare_hint
+    from eval.runner import EvalConfig, evaluate
+    from eval.scripted import ScriptedAgent
+    from medvqa_env.datasets import load_dataset
+
+    test = load_dataset("embedded", split="test")
+    runs = tmp_path / "runs"
+    for name, tools, agent in (("a", "image_zoom_in", ScriptedAgent(answer="yes")),
+                               ("b", "image_zoom_in,segment=classical", ScriptedAgent(answer="yes", zoom=False))):
+        evaluate(agent, test, EvalConfig(limit=3, workers=0, tools=tools, open_metrics=False, progress=False,
+                                         bootstrap=0), out_dir=runs / name)
+    assert main([str(runs / "a"), str(runs / "b")]) == 0
+    captured = capsys.readouterr()
+    assert "warning: runs differ in tools:" in captured.err and "warning: runs differ in agent settings:" in captured.err
+    assert "'zoom': True" in captured.err and "the table compares those settings" in captured.err
+    assert "✅" not in captured.out and captured.out.count("| tie |") == 2 and "no run is selected" in captured.out
+    md, page = (runs / "compare.md").read_text(), (runs / "compare.html").read_text()
+    assert "| tie |" in md and "runs differ in tools" in md and str(runs / "b") in md and "## Detail" in md
+    assert "<td>tie</td>" in page and "runs differ in agent settings" in page and "✅" not in page
+    assert f"Wrote {runs / 'compare.md'}" in captured.err
+    hint = compare_hint(runs / "a")
+    assert f"python -m eval.compare {runs / 'a'} {runs / 'b'}" in hint and "compare.md" in hint

@@ -126,3 +126,26 @@ def test_draw_overlays_skips_malformed_tool_data():
                              {"name": "t", "data": {"region": [30, 30, 10, 10]}}]}]
     out = draw_overlays(Image.new("RGB", (40, 40)), trace, scale=2.0)
     assert out.size == (80, 80) and np.asarray(out).any()  # the inverted region is drawn, nothing crashed
+
+
+@pytest.mark.parametrize("bbox", [[80, 80, 120, 120], [80, 0, 120, 40], [0, 0, 200, 200]])
+def test_render_puts_labels_beside_their_boxes_not_over_what_they_show(bbox):
+    """A ground label drawn inside its box covers the lesion it names: the inside of the box stays
+    the image's own pixels (a box at the top edge gets its label below; only a box filling the
+    whole image has no side with room), and the label is drawn outside it."""
+    from medvqa_env.render import GROUNDING, draw_overlays
+
+    trace = [{"tool_calls": [{"name": "ground", "error": None, "data": {
+        "image_index": 0, "boxes": [{"bbox": bbox, "label": "lesion", "score": 0.93}]}}]}]
+    out = np.asarray(draw_overlays(Image.new("RGB", (200, 200), (90, 90, 90)), trace))
+    x0, y0, x1, y1 = bbox
+    line = max(2, round(200 / 200))
+    inside = out[y0 + line + 1:y1 - line - 1, x0 + line + 1:x1 - line - 1]
+    label_pixels = (np.abs(out.astype(int) - GROUNDING).sum(-1) < 60)
+    if bbox != [0, 0, 200, 200]:
+        assert (inside == 90).all(), "the label (or its background) was drawn over the box's inside"
+        outside = label_pixels.copy()
+        outside[y0:y1, x0:x1] = False
+        assert outside.sum() > 20  # the label's text, beside the box
+    else:
+        assert label_pixels[line + 1:-line - 1, line + 1:-line - 1].sum() > 20  # no room outside: still shown

@@ -197,3 +197,32 @@ def test_trained_ground_beats_classical_on_held_out_presence_questions(tmp_path)
 QUALITY_STEPS = 300  # at batch 8 on the 200 default train images: about a CPU minute of training
 MARGIN = 0.2
 FLOOR = 0.8
+
+
+def test_classify_flags_labels_outside_what_the_trained_engine_learned(tmp_path, caplog):
+    """A trained classifier scores any label, but one it never learned ("normal") is named: in
+    the model's text, in the env's info (``tool_calls[i]["data"]["unknown_labels"]``) and in one
+    logged warning; known labels raise no flag, and an open-vocabulary engine never does."""
+    clf = tmp_path / "clf"
+    finetune("classify", FinetuneArgs(out=str(clf), **TINY))
+    env = gym.make("MedVQA-v0", dataset="embedded", split="test", dataset_options={"n": 4},
+                   tools={"classify": {"engine": "clip", "model": str(clf)}})
+    env.reset(seed=0, options={"index": 0})
+    call = '<tool_call>{"name": "classify", "arguments": {"labels": %s}}</tool_call>'
+    with caplog.at_level(logging.WARNING, logger="tool_backends.classify"):
+        obs, *_, info = env.step(call % '["normal", "lesion"]')
+        obs2, *_, info2 = env.step(call % '["normal", "no lesion"]')
+    data = info["tool_calls"][0]["data"]
+    assert data["unknown_labels"] == ["normal"]
+    assert "'normal' is not among them" in obs["text"] and "no lesion" in obs["text"]
+    assert info2["tool_calls"][0]["data"]["unknown_labels"] == ["normal"]
+    warned = [r.getMessage() for r in caplog.records if "outside the labels it was trained on" in r.getMessage()]
+    assert len(warned) == 1 and "'normal'" in warned[0]  # once per label, not once per call
+    env.close()
+
+    known = gym.make("MedVQA-v0", dataset="embedded", split="test", dataset_options={"n": 4},
+                     tools={"classify": {"engine": "clip", "model": str(clf)}})
+    known.reset(seed=0, options={"index": 0})
+    obs, *_, info = known.step(call % '["lesion", "no lesion"]')
+    assert info["tool_calls"][0]["data"]["unknown_labels"] == [] and "not among them" not in obs["text"]
+    known.close()

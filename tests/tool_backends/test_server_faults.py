@@ -87,3 +87,23 @@ def test_a_pickled_env_reconnects_to_its_tool_server(servers, scene):
     _, _, _, _, info = copy.step(SEGMENT_TURN)
     assert info["tool_calls"][0]["error"] is None
     env.close(), copy.close()
+
+
+def test_a_dead_server_at_make_time_tells_a_person_what_failed_and_what_to_check(scene):
+    """The ConfigError a person reads names the URL, what failed and what to check -- not the
+    advice meant for the model ("Try another tool or answer without it"), which stays in the
+    observation when a server dies mid-episode (above)."""
+    import socket
+
+    from medvqa_env.errors import ConfigError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(ConfigError) as e:
+        MedVQAEnv(VQADataset([scene.record]), tools={"segment": {"url": url, "retries": 1, "backoff_s": 0.01}})
+    message = str(e.value)
+    assert url in message and "ConnectionRefusedError" in message and "2 attempts" in message
+    assert f"medvqa-tools serve --tools segment --port {port}" in message and f"{url}/health" in message
+    assert "answer without it" not in message and "Try another tool" not in message

@@ -154,3 +154,27 @@ def test_result_overlays_are_drawn_only_when_read_and_equal_the_eager_drawing(sc
     else:
         eager = draw_boxes(scene.image, result.data["boxes"])
     assert overlay.tobytes() == eager.tobytes() and overlay.drawn
+
+
+def test_cli_list_describes_every_tool_and_prints_no_warning():
+    """``medvqa-tools list`` in a fresh process: every tool (classify and its seed alias included)
+    has its description under it, and nothing is printed on stderr (no tiny-model warning, no
+    model loaded to read a description)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tool_backends.registry import available_tools
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tool_backends.cli", "list"], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0 and done.stderr == ""
+    lines = done.stdout.splitlines()
+    for name in available_tools():
+        head = next(i for i, line in enumerate(lines) if line.split()[0] == name)
+        assert lines[head + 1].startswith("    ") and len(lines[head + 1].strip()) > 20, (name, lines[head + 1])
+    for name in ("classify", "biomedclip"):
+        head = next(i for i, line in enumerate(lines) if line.split()[0] == name)
+        assert lines[head + 1].strip().startswith("Zero-shot classification: give 2 or more candidate labels")

@@ -123,3 +123,16 @@ def test_an_allowed_change_continues_and_is_recorded(runs, tmp_path):
 def test_bad_values_are_prog_errors(capsys):
     assert sft.cli(TINY + ["--save-every", "-1", "--out", "x"]) == 2
     assert "python -m train.sft: error: expected --steps >= 1 and --save-every >= 0" in capsys.readouterr().err
+
+
+def test_a_run_ends_with_its_heldout_figures_checkpoint_and_eval_command(runs, capsys):
+    """Met again once finished, the run still says what it reached, where the model is and the
+    eval.run command for the same held-out questions (its first run printed the same lines)."""
+    _sft(runs / "whole", "--steps", "3", "--save-every", "1", "--keep", "0")
+    out = capsys.readouterr().out
+    final = [r for r in read_metrics(runs / "whole" / "metrics.jsonl") if "eval/accuracy" in r][-1]
+    assert "already finished" in out and "== train.sft done: 3 of 3 steps" in out
+    assert f"held-out (test split, 2 CLOSED questions, greedy) at step 3: accuracy {final['eval/accuracy']:.3f}" in out
+    assert f"checkpoint: {runs / 'whole' / 'final'}" in out
+    assert (f"python -m eval.run --agent vlm --agent-opt model={runs / 'whole' / 'final'} --agent-opt max_new_tokens=4 "
+            "--agent-opt temperature=0 --dataset embedded --split test --answer-types CLOSED --limit 2") in out

@@ -22,9 +22,42 @@ TINY = dict(policy="tiny-qwen2-vl", answer_types="CLOSED", eval_size=2, max_new_
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    import contextlib
+    import io
+
     out = tmp_path_factory.mktemp("grpo") / "run"
-    grpo.main(grpo.Args(**TINY, steps=2, save_every=1, keep=1, out=str(out)))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        grpo.main(grpo.Args(**TINY, steps=2, save_every=1, keep=1, out=str(out)))
+    (out.parent / "stdout.txt").write_text(printed.getvalue())
     return out
+
+
+def test_a_run_ends_with_its_heldout_figures_checkpoint_and_the_command_that_reproduces_them(run, tmp_path):
+    """The last lines say what the run reached, where the model is and how to check it: the printed
+    eval.run command, run as printed, asks the same held-out questions and gets the same answers
+    (and so the same accuracy) as the trainer's final evaluation."""
+    import shlex
+
+    from eval.results import load_results
+    from eval.run import main
+    from train.metrics_log import read_metrics
+
+    text = (run.parent / "stdout.txt").read_text()
+    summary = text[text.index("== train.grpo done: 2 of 2 steps"):]
+    final = [r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in r][-1]
+    assert f"accuracy {final['eval/accuracy']:.3f}" in summary and "2 CLOSED questions" in summary
+    assert f"checkpoint: {run / 'final'}\n" in summary
+    argv = shlex.split(summary.split("reproduce the held-out figure: ")[1].splitlines()[0])
+    assert argv[:3] == ["python", "-m", "eval.run"] and argv[argv.index("--out") + 1] == str(run / "eval" / "final")
+    argv[argv.index("--out") + 1] = str(tmp_path / "eval")
+    assert main(argv[3:] + ["--workers", "0", "--no-progress", "--no-open-metrics", "--bootstrap", "0"]) == 0
+    rows = {r["record_id"]: r["prediction"] for r in load_results(tmp_path / "eval" / "episodes.jsonl")}
+    trained = [json.loads(x) for x in (run / "heldout_answers.jsonl").read_text().splitlines()]
+    trained = {r["record_id"]: r["answer"] for r in trained if r["step"] == final["step"] and r["tag"] is None}
+    assert rows == trained and len(rows) == 2
+    overall = json.loads((tmp_path / "eval" / "summary.json").read_text())["overall"]
+    assert overall["closed_accuracy"]["value"] == pytest.approx(final["eval/accuracy"])
 
 
 def test_saves_are_hf_folders_with_prompt_and_config_and_keep_applies(run):

@@ -3,6 +3,10 @@
 ``model=`` a path or hub name (``openai/clip-vit-base-patch32``, ``google/siglip-base-patch16-224``,
 a PubMedCLIP in HF format); the default builds a tiny random model. Probabilities are a softmax
 over the image-text logits of ``template.format(label)`` for each label.
+
+A folder trained by ``python -m tool_backends.finetune classify`` learned a fixed set of labels
+(its ``medvqa_tool.json``): the engine exposes them as ``known_labels`` and the ``classify`` tool
+flags any label outside them. A zero-shot checkpoint has ``known_labels = None`` (open vocabulary).
 """
 
 from __future__ import annotations
@@ -34,10 +38,23 @@ def tiny_clip(kind: str):
     return build_tiny(lambda: SiglipModel(config)), processor, tiny_tokenizer(64)
 
 
+def trained_labels(model: str) -> tuple[str, ...] | None:
+    """The labels a folder written by ``tool_backends.finetune`` was trained on, else ``None``."""
+    from pathlib import Path
+
+    from tool_backends.finetune.common import read_info
+
+    info = read_info(model) if Path(model).is_dir() else None
+    labels = (info or {}).get("labels")
+    return tuple(str(lab) for lab in labels) if isinstance(labels, list) and labels else None
+
+
 class ClipClassifier(TorchEngine):
     """CLIP-style contrastive model: softmax over label prompts."""
 
     kind = "clip"
+    known_labels: tuple[str, ...] | None = None
+    """The labels a trained folder learned (``None``: open vocabulary, any label is fair)."""
 
     def __init__(self, model: str = TINY, device: str = "cpu", template: str = "a medical image of {}",
                  max_length: int = 64) -> None:
@@ -50,6 +67,7 @@ class ClipClassifier(TorchEngine):
             self.model, self.processor, self.tokenizer = tiny_clip(self.kind)
         else:
             self.model, self.processor, self.tokenizer = self._load(model)
+            self.known_labels = trained_labels(model)
         self.model.to(device)
 
     def _load(self, path: str):

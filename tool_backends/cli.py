@@ -110,10 +110,10 @@ class ServerArgs:
     """directory for result images sent by path to co-located clients (image_format=path)"""
     max_pixels: int = 64_000_000
     """largest image (width x height) a request may carry; bigger ones get 400"""
-    max_request_pixels: int = 128_000_000
-    """decoded image pixels one request may cost in all; more get 400"""
-    max_result_pixels: int = 32_000_000
-    """result-image pixels one response may carry; calls past it get an error result"""
+    max_request_pixels: int | None = None
+    """decoded image pixels one request may cost in all; more get 400 (default: 2 x --max-pixels)"""
+    max_result_pixels: int | None = None
+    """result-image pixels one response may carry; calls past it get an error result (default: --max-pixels)"""
     max_batch_calls: int = 64
     """tool calls one request may make (/call_batch: more get 413; /get_observation: error results)"""
     max_action_chars: int = 65_536

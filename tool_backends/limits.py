@@ -53,9 +53,10 @@ class RequestBudget:
                             "send fewer or smaller images per request")
 
     def take_result(self, result: ToolResult) -> ToolResult:
-        """``result``, or an error result if its images would take the response over its pixels."""
+        """``result``, or an error result if its images would take the response over its pixels
+        (a response's first images always fit: each is within the pixel limit already)."""
         pixels = sum(im.size[0] * im.size[1] for im in result.images)
-        if self.result_pixels + pixels > self.max_result_pixels:
+        if self.result_pixels and self.result_pixels + pixels > self.max_result_pixels:
             return ToolResult.failure(f"The result images of this request are over its limit of "
                                       f"{self.max_result_pixels} pixels: make this call in another request.")
         self.result_pixels += pixels

@@ -77,10 +77,12 @@ class ServerSettings:
     bombs) get 400 before their pixels are allocated."""
     max_batch_calls: int = 64
     """Tool calls one request may make (``/call_batch`` entries, ``/get_observation`` calls in all)."""
-    max_request_pixels: int = 2 * DEFAULT_MAX_PIXELS
-    """Decoded image pixels one request may cost in all (only the image a call targets is decoded)."""
-    max_result_pixels: int = DEFAULT_MAX_PIXELS // 2
-    """Result-image pixels one response may carry; a call past it gets an error result."""
+    max_request_pixels: int | None = None
+    """Decoded image pixels one request may cost in all (only the image a call targets is decoded);
+    ``None``: twice ``max_pixels``."""
+    max_result_pixels: int | None = None
+    """Result-image pixels one response may carry past its first result image; a call past it gets
+    an error result. ``None``: ``max_pixels``."""
     max_action_chars: int = MAX_ACTION_CHARS
     """Longest model turn ``/get_observation`` parses (longer ones observe an error)."""
     result_dir_mb: int = 1024
@@ -114,7 +116,7 @@ def check_settings(settings: ServerSettings) -> None:
         raise ConfigError(f"expected max_concurrency >= 1 and max_body_bytes >= 1024, got {settings!r}")
     limits = {k: getattr(settings, k) for k in ("max_batch_calls", "max_request_pixels", "max_result_pixels",
                                                 "max_action_chars", "max_connections", "read_timeout_s")}
-    if any(v <= 0 for v in limits.values()):
+    if any(v is not None and v <= 0 for v in limits.values()):
         raise ConfigError(f"expected every limit to be > 0, got {limits}")
 
 
@@ -203,7 +205,8 @@ class ToolService:
     def budget(self) -> RequestBudget:
         """A fresh :class:`RequestBudget` for one request."""
         s = self.settings
-        return RequestBudget(s.max_batch_calls, s.max_request_pixels, s.max_result_pixels)
+        return RequestBudget(s.max_batch_calls, s.max_request_pixels or 2 * s.max_pixels,
+                             s.max_result_pixels or s.max_pixels)
 
     def target(self, name: str, arguments: Any, n_images: int) -> int | None:
         """The image a call reads (aliases such as ``img_idx`` resolved), or ``None``."""

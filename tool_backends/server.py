@@ -241,7 +241,7 @@ class ToolService:
 
     def decode(self, entry: Any, budget: RequestBudget | None = None):
         image = decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
-        if budget is not None:
+        if budget is not None and not (isinstance(entry, Mapping) and "ref" in entry):  # a ref decodes nothing
             budget.take_input(image)
         return image
 

@@ -222,3 +222,20 @@ def test_the_result_dir_is_bounded(edges):
             assert os.path.isfile(newest)  # the file just named is still there
     total = sum(p.stat().st_size for p in out.iterdir())
     assert total <= (1 << 20) + 400_000 and len(list(out.iterdir())) < 12
+
+
+# ---- item 2: big integers -------------------------------------------------------------------
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_a_huge_integer_argument_is_an_error_result_without_a_traceback(limited, digits):
+    """5,000 digits: ``/get_observation`` answered 500 (``json.loads`` of the turn raised); 400
+    digits reached the tool, which crashed with a logged traceback on every call."""
+    number = "9" * digits
+    turn = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [0, 0, %s, 40]}}</tool_call>' % number
+    r = httpx.post(limited.url + "/get_observation", timeout=60,
+                   json={"actions": [turn], "extra_fields": [{"images": [encode_image(GOOD)]}]})
+    assert r.status_code == 200 and r.json()["observations"] == [""]  # no call parsed: an invalid turn
+    if digits < 4300:  # a JSON body can carry it to /call directly
+        raw = json.dumps(zoom([encode_image(GOOD)])).replace("[0, 0, 32, 32]", f"[0, 0, {number}, 32]")
+        r = httpx.post(limited.url + "/call", content=raw, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 200 and "at most 15 digits" in r.json()["result"]["error"]
+    assert "Traceback" not in limited.log()

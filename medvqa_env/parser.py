@@ -130,6 +130,16 @@ def tag_blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[tuple[int
         pos = end + len(close_tag)
 
 
+def cut_blocks(text: str, open_tag: str, close_tag: str) -> str:
+    """``text`` with every :func:`tag_blocks` block replaced by a space
+    (``re.sub(open(.*?)close, " ", text, flags=re.S)`` in linear time).
+
+    >>> cut_blocks("a<t>b</t>c<t>d", "<t>", "</t>")
+    'a c<t>d'
+    """
+    return _cut(text, tag_blocks(text, open_tag, close_tag)[0])
+
+
 def _closing_braces(text: str) -> dict[int, int]:
     """For every ``{`` in ``text``, the index of the ``}`` that closes it (unclosed ones absent);
     one pass over the braces with a stack."""

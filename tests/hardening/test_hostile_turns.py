@@ -126,3 +126,50 @@ def test_the_parser_never_raises(turn, protocol):
     assert parsed.kind in ("answer", "tool_call", "invalid")
     assert all(isinstance(e, str) and e for e in parsed.errors)
     assert len(parsed.tool_calls) <= 8 and len(parsed.answers) <= 8
+
+
+# ---- the rewards read the policy's text too ---------------------------------------------------
+MEDIX_TOKENS = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "a", "CT", "[CT]", "<modality>", "</modality>"]
+
+
+def _old_split_medix(text: str):
+    """The regex formulation ``split_medix`` had (quadratic on ``"<think>" * n``), as the oracle."""
+    import re
+
+    from rewards.medix import _NESTED, _TAGS
+
+    spans = re.findall(r"<answer>(.*?)</answer>", text, re.S)
+    answer = spans[-1].strip() if spans else None
+    m = re.match(r"^\s*(?P<pre>.*?)\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", text, re.S)
+    if not m or _NESTED.search(m.group("think")) or _NESTED.search(m.group("answer")):
+        return False, None, answer
+    if not m.group("think").strip() or not m.group("answer").strip():
+        return False, None, answer
+    pre = m.group("pre").strip()
+    if not pre:
+        return True, None, answer
+    for pattern in _TAGS:
+        t = pattern.fullmatch(pre)
+        if t:
+            return True, t.group(1).strip(), answer
+    return False, None, answer
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(parts=st.lists(st.sampled_from(MEDIX_TOKENS), max_size=40))
+def test_the_linear_medix_format_agrees_with_the_regex(parts):
+    from rewards.medix import split_medix
+
+    text = "".join(parts)
+    assert split_medix(text) == _old_split_medix(text)
+
+
+@pytest.mark.parametrize("name", sorted(pathological()))
+def test_the_rewards_read_a_pathological_turn_in_linear_time(plain_step_s, name):
+    from rewards.grasp import reasoning_text
+    from rewards.medix import split_medix
+
+    action = pathological()[name]
+    start = time.perf_counter()
+    split_medix(action), reasoning_text(action)
+    assert time.perf_counter() - start < RATIO * plain_step_s, name

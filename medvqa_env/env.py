@@ -219,12 +219,8 @@ class MedVQAEnv(gym.Env[dict, str]):
         if self.done:
             raise EnvStateError("The episode has ended; call reset() before step().")
         self.turn += 1
-        text = action if isinstance(action, str) else None
-        if text is not None and len(text) > self.max_action_chars:
-            parsed = ParsedAction(raw=text[:200], errors=(
-                f"Your turn was {len(text)} characters; the limit is {self.max_action_chars}. Be concise.",))
-        else:
-            parsed = parse_action(action, self.protocol)
+        # one cap for str (characters) and bytes (bytes); the parser is linear in what it reads
+        parsed = parse_action(action, self.protocol, max_chars=self.max_action_chars)
         self.messages.append({"role": "assistant", "content": parsed.raw})
         info: dict[str, Any] = {"turn": self.turn, "parsed": parsed.to_dict(),
                                 "format_errors": list(parsed.errors), "tool_calls": [], "end_reason": None}

@@ -31,8 +31,8 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from medvqa_env.errors import DatasetError
-from medvqa_env.medical_images import (MAX_VOLUME_BYTES, ImageOptions, Pixels, image_ref, read_medical, resolve_window,
-                                       sniff_format, split_image_ref, window_to_uint8)
+from medvqa_env.medical_images import (ImageOptions, Pixels, image_ref, read_medical, resolve_window, sniff_format,
+                                       split_image_ref, volume_limit, window_to_uint8)
 
 DEFAULT_MAX_PIXELS = 64_000_000  # 8000x8000; whole-slide pathology should be tiled first
 EIGHT_BIT_MODES = ("1", "L", "P", "RGB", "RGBA", "RGBX", "RGBa", "LA", "La", "PA", "CMYK", "YCbCr", "LAB", "HSV")
@@ -101,7 +101,16 @@ def decode_image(data: bytes, where: str = "image", max_pixels: int = DEFAULT_MA
         raise DatasetError(f"{where} has pixel mode {img.mode!r}, which cannot be read as numbers: {e}") from None
     if array.ndim != 2:
         raise DatasetError(f"{where} has pixel mode {img.mode!r} with shape {array.shape}; expected greyscale")
-    return to_rgb(Pixels(array.astype(np.float64)), options, where)
+    del img  # its pixels are in ``array`` now
+    # 16-bit values stay integers (int16 widened so percentile arithmetic cannot wrap): the same
+    # window as float64 at a quarter of the memory
+    if array.dtype.kind == "u" and array.dtype.itemsize <= 2:
+        pixels = array
+    elif array.dtype.kind == "i" and array.dtype.itemsize <= 2:
+        pixels = array.astype(np.int32)
+    else:
+        pixels = array.astype(np.float64)
+    return to_rgb(Pixels(pixels), options, where)
 
 
 def to_rgb(pixels: Pixels, options: ImageOptions, where: str = "image") -> Image.Image:
@@ -165,8 +174,8 @@ def _open_tiff_stack(data: bytes, where: str, max_pixels: int, options: ImageOpt
             plane = shape[-3:-1] if colour else shape[-2:]
             if len(plane) != 2 or int(np.prod(plane)) > max_pixels:
                 raise DatasetError(f"{where}: TIFF of shape {shape}: not one image of at most {max_pixels} pixels")
-            if int(np.prod(shape)) * dtype.itemsize > MAX_VOLUME_BYTES:
-                raise DatasetError(f"{where}: TIFF of shape {shape} is over {MAX_VOLUME_BYTES >> 20} MiB")
+            if int(np.prod(shape)) * dtype.itemsize > volume_limit(max_pixels):
+                raise DatasetError(f"{where}: TIFF of shape {shape} is over {volume_limit(max_pixels) >> 20} MiB")
             array = series.asarray()
     except DatasetError:
         raise

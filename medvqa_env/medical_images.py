@@ -34,7 +34,21 @@ import numpy as np
 from medvqa_env.errors import DatasetError
 
 MAX_VOLUME_BYTES = 1 << 30
-"""A DICOM's or NIfTI's decoded pixels may take at most this much memory (1 GiB)."""
+"""A DICOM's, NIfTI's or TIFF stack's decoded pixels may take at most this much memory (1 GiB);
+lower with a lower pixel limit (:func:`volume_limit`)."""
+VOLUME_PIXELS = 64_000_000
+"""The pixel limit at which a file may take all of :data:`MAX_VOLUME_BYTES` (the default one)."""
+
+
+def volume_limit(max_pixels: int) -> int:
+    """The most bytes one DICOM, NIfTI or TIFF stack may decode (or decompress) to: 1 GiB at the
+    default pixel limit, proportionally less under a lower one (~17 bytes a pixel of the limit),
+    checked from the file's header before anything is decompressed.
+
+    >>> volume_limit(64_000_000) == MAX_VOLUME_BYTES, volume_limit(4_000_000) >> 20
+    (True, 64)
+    """
+    return min(MAX_VOLUME_BYTES, MAX_VOLUME_BYTES * int(max_pixels) // VOLUME_PIXELS)
 
 AXES = {"sagittal": 0, "coronal": 1, "axial": 2, "0": 0, "1": 1, "2": 2}
 WINDOW_WORDS = ("file", "auto", "minmax")
@@ -240,9 +254,9 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     samples = int(ds.get("SamplesPerPixel", 1) or 1)
     if rows * cols > max_pixels:
         raise DatasetError(f"{where} has {cols}x{rows} pixels, over the limit of {max_pixels}")
-    if frames * rows * cols * samples * 8 > MAX_VOLUME_BYTES:
-        raise DatasetError(f"{where} holds {frames} frames of {cols}x{rows}: over the {MAX_VOLUME_BYTES >> 20} MiB "
-                           "limit for one file")
+    if frames * rows * cols * samples * 8 > volume_limit(max_pixels):
+        raise DatasetError(f"{where} holds {frames} frames of {cols}x{rows}: over the {volume_limit(max_pixels) >> 20} "
+                           "MiB limit for one file")
     frame = _pick(options.slice, frames, 0, "frame", where)
     arr = _decode_pixels(ds, where)
     if frames > 1:
@@ -411,14 +425,61 @@ def _apply_palette(pydicom, arr: np.ndarray, ds, where: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # NIfTI
 # ----------------------------------------------------------------------------------------------
-def _gunzip(data: bytes, where: str) -> bytes:
+def nifti_declared_bytes(head: bytes) -> tuple[int, int] | None:
+    """``(bytes up to the end of the voxels, voxels)`` a NIfTI-1/2 header declares, read from its
+    first 540 bytes without nibabel; ``None`` if ``head`` is no NIfTI header.
+
+    >>> import struct
+    >>> h = bytearray(348); h[0:4] = struct.pack("<i", 348); h[344:348] = b"n+1" + bytes(1)
+    >>> h[40:56] = struct.pack("<8h", 3, 100, 100, 50, 1, 1, 1, 1); h[72:74] = struct.pack("<h", 16)
+    >>> h[108:112] = struct.pack("<f", 352.0)
+    >>> nifti_declared_bytes(bytes(h))
+    (1000352, 500000)
+    """
+    for order in "<>":
+        size = np.frombuffer(head[:4], dtype=order + "i4")[0] if len(head) >= 4 else 0
+        if size == 348 and len(head) >= 112:
+            dims = np.frombuffer(head[40:56], dtype=order + "i2").astype(np.int64)
+            bitpix = int(np.frombuffer(head[72:74], dtype=order + "i2")[0])
+            offset = float(np.frombuffer(head[108:112], dtype=order + "f4")[0])
+        elif size == 540 and len(head) >= 176:
+            dims = np.frombuffer(head[16:80], dtype=order + "i8")
+            bitpix = int(np.frombuffer(head[14:16], dtype=order + "i2")[0])
+            offset = float(np.frombuffer(head[168:176], dtype=order + "i8")[0])
+        else:
+            continue
+        ndim = int(dims[0])
+        if not 1 <= ndim <= 7 or not np.isfinite(offset):
+            return None
+        voxels = 1
+        for d in dims[1:ndim + 1]:
+            voxels *= max(int(d), 1)
+        return max(int(offset), 0) + voxels * max(bitpix, 8) // 8, voxels
+    return None
+
+
+def _gunzip(data: bytes, where: str, limit: int = MAX_VOLUME_BYTES) -> bytes:
+    """Decompress a ``.nii.gz``: the header first, and the rest only if what it declares fits
+    ``limit`` (a small file that would unzip to gigabytes is refused before it is unzipped);
+    never more than it declares."""
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-            raw = f.read(MAX_VOLUME_BYTES + 1)
+            head = f.read(540)
+            declared = nifti_declared_bytes(head)
+            if declared is not None:
+                total, voxels = declared
+                if max(total, voxels * 4) > limit:
+                    raise DatasetError(f"{where} declares {total >> 20} MiB of voxels ({voxels} voxels), over the "
+                                       f"{limit >> 20} MiB limit for one file: refused before decompressing it")
+                raw = head + f.read(max(total - len(head), 0))
+            else:
+                raw = head + f.read(limit + 1 - len(head))
+    except DatasetError:
+        raise
     except (OSError, EOFError, ValueError) as e:
         raise DatasetError(f"{where} is not a readable gzip-compressed NIfTI: {e}") from None
-    if len(raw) > MAX_VOLUME_BYTES:
-        raise DatasetError(f"{where} decompresses to over {MAX_VOLUME_BYTES >> 20} MiB")
+    if len(raw) > limit:
+        raise DatasetError(f"{where} decompresses to over {limit >> 20} MiB")
     return raw
 
 
@@ -436,7 +497,8 @@ def read_nifti(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     """One slice of a NIfTI volume, shown in radiological convention: the volume is reoriented to
     RAS+ and the slice drawn with anterior / superior up and the patient's right on the left."""
     nib = _optional("nibabel", where)
-    raw = _gunzip(data, where) if data[:2] == b"\x1f\x8b" else data
+    limit = volume_limit(max_pixels)
+    raw = _gunzip(data, where, limit) if data[:2] == b"\x1f\x8b" else data
     kind = nib.Nifti2Image if raw[4:8] == b"n+2\x00" else nib.Nifti1Image
     try:
         with _quiet(nib.imageglobals.logger):  # nibabel logs header complaints to stderr
@@ -450,8 +512,8 @@ def read_nifti(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     if not 2 <= len(shape) <= 4:
         raise DatasetError(f"{where} has shape {shape}; expected a 2-D image, a 3-D volume or a 4-D series")
     itemsize = np.dtype(img.header.get_data_dtype()).itemsize
-    if int(np.prod(shape)) * max(itemsize, 4) > MAX_VOLUME_BYTES:
-        raise DatasetError(f"{where} has shape {shape}: over the {MAX_VOLUME_BYTES >> 20} MiB limit for one file")
+    if int(np.prod(shape)) * max(itemsize, 4) > limit:
+        raise DatasetError(f"{where} has shape {shape}: over the {limit >> 20} MiB limit for one file")
     shape3 = (shape + (1, 1))[:3]
     # the stored axis that runs along the asked canonical axis; a single-slice image is its own slice
     source_axis = 2 if shape3[2] == 1 else int(np.nonzero(ornt[:, 0] == options.axis)[0][0])
@@ -498,7 +560,8 @@ def resolve_window(array: np.ndarray, window: Any, file_window: tuple[float, flo
     >>> resolve_window(np.arange(11.0), "minmax", None)
     (0.0, 10.0)
     """
-    finite = array[np.isfinite(array)]
+    # integers are finite: no masked copy (a 64 M-pixel 16-bit image would copy 512 MB of float64)
+    finite = array if array.dtype.kind in "iub" else array[np.isfinite(array)]
     if window is None:
         window = file_window if file_window is not None else "auto"
     if window == "file":
@@ -522,6 +585,20 @@ def window_to_uint8(array: np.ndarray, low: float, high: float) -> np.ndarray:
     >>> window_to_uint8(np.array([-10.0, 0.0, 5.0, 10.0, 99.0, np.nan]), 0.0, 10.0).tolist()
     [0, 0, 128, 255, 255, 0]
     """
+    array = np.asarray(array)
+    if array.ndim == 0 or array.size <= _WINDOW_CHUNK:
+        return _window_chunk(array, low, high)
+    out = np.empty(array.shape, dtype=np.uint8)  # in row chunks: float64 temporaries of ~8 MB, not 8 bytes a pixel
+    rows = max(1, _WINDOW_CHUNK // max(1, array[0].size))
+    for start in range(0, array.shape[0], rows):
+        out[start:start + rows] = _window_chunk(array[start:start + rows], low, high)
+    return out
+
+
+_WINDOW_CHUNK = 1 << 20
+
+
+def _window_chunk(array: np.ndarray, low: float, high: float) -> np.ndarray:
     a = np.asarray(array, dtype=np.float64)
     if high <= low:
         out = np.where(a > low, 255.0, 0.0)

@@ -25,12 +25,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 BOXED_RE = re.compile(r"\\boxed\s*\{")
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BRACE_RE = re.compile(r"[{}]")
 
 MAX_TOOL_CALLS_PER_TURN = 8
+MAX_ANSWERS_KEPT = 8
+"""Answers beyond this many are counted (for the error) but not kept: nested ``\\boxed{`` runs
+would otherwise copy the turn once per level."""
+MAX_ACTION_CHARS = 65_536
+"""Longest turn parsed, in characters for ``str`` and in bytes for ``bytes``; longer turns get
+one error and are not read (the env's ``max_action_chars`` and the server's setting default to it)."""
+MAX_INT_DIGITS = 32
+"""Integers in tool-call JSON with more digits than this are refused: no coordinate needs them, and
+Python refuses to parse ints over 4,300 digits with a ``ValueError``, not a ``JSONDecodeError``."""
 
 
 @dataclass(frozen=True)
@@ -99,21 +109,48 @@ class AnswerProtocol(Protocol):
         ...
 
 
-def _balanced_brace_content(text: str, start: int) -> int:
-    """Index of the ``}`` closing the ``{`` just before ``start``, or -1 if unbalanced."""
-    depth = 1
-    i = start
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return -1
+def tag_blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[tuple[int, int]], bool]:
+    """Spans ``(start, end)`` of every ``open_tag ... close_tag`` block, leftmost first, blocks not
+    nested (what ``re.findall(open(.*?)close, re.S)`` finds), in one linear scan; and whether an
+    ``open_tag`` was left unclosed. The regex re-scans the rest of the text from every unclosed
+    opening: quadratic on ``"<think>" * n``.
+
+    >>> tag_blocks("a<t>b</t>c<t>d", "<t>", "</t>")
+    ([(1, 9)], True)
+    """
+    spans, pos = [], 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return spans, False
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:  # no closing tag after this opening, so none after any later one either
+            return spans, True
+        spans.append((start, end + len(close_tag)))
+        pos = end + len(close_tag)
+
+
+def cut_blocks(text: str, open_tag: str, close_tag: str) -> str:
+    """``text`` with every :func:`tag_blocks` block replaced by a space
+    (``re.sub(open(.*?)close, " ", text, flags=re.S)`` in linear time).
+
+    >>> cut_blocks("a<t>b</t>c<t>d", "<t>", "</t>")
+    'a c<t>d'
+    """
+    return _cut(text, tag_blocks(text, open_tag, close_tag)[0])
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """For every ``{`` in ``text``, the index of the ``}`` that closes it (unclosed ones absent);
+    one pass over the braces with a stack."""
+    stack: list[int] = []
+    closing: dict[int, int] = {}
+    for m in _BRACE_RE.finditer(text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    return closing
 
 
 @dataclass(frozen=True)
@@ -128,12 +165,20 @@ class BoxedAnswer:
 
     def extract(self, text: str) -> tuple[list[str], list[str]]:
         answers, errors = [], []
+        closing = None
+        found = 0
         for m in BOXED_RE.finditer(text):
-            end = _balanced_brace_content(text, m.end())
+            if closing is None:
+                closing = _closing_braces(text)
+            end = closing.get(m.end() - 1, -1)
             if end < 0:
                 errors.append("Unclosed \\boxed{: add the closing brace.")
                 break
-            answers.append(_unwrap_text(text[m.end():end]).strip())
+            found += 1
+            if found <= MAX_ANSWERS_KEPT:
+                answers.append(_unwrap_text(text[m.end():end]).strip())
+        if found > MAX_ANSWERS_KEPT:
+            errors.append(f"Give exactly one final answer; found {found}.")
         return answers, errors
 
 
@@ -148,9 +193,10 @@ class XMLAnswer:
     )
 
     def extract(self, text: str) -> tuple[list[str], list[str]]:
-        answers = [a.strip() for a in ANSWER_RE.findall(text)]
+        spans, _ = tag_blocks(text, ANSWER_OPEN, ANSWER_CLOSE)
+        answers = [text[a + len(ANSWER_OPEN):b - len(ANSWER_CLOSE)].strip() for a, b in spans]
         errors = []
-        if text.count("<answer>") != len(answers):
+        if text.count(ANSWER_OPEN) != len(answers):
             errors.append("Unclosed <answer>: close it with </answer>.")
         return answers, errors
 
@@ -169,10 +215,51 @@ def get_answer_protocol(name: str | AnswerProtocol) -> AnswerProtocol:
         raise ConfigError(unknown_name_message("answer protocol", name, ANSWER_PROTOCOLS)) from None
 
 
+_TEXT_WRAPPER = re.compile(r"\s*\\(?:text|textbf|mathrm)\s*\{")
+
+
 def _unwrap_text(s: str) -> str:
-    r"""``\text{yes}`` -> ``yes`` (models often box LaTeX text)."""
-    m = re.fullmatch(r"\s*\\(?:text|textbf|mathrm)\s*\{(.*)\}\s*", s, re.DOTALL)
-    return m.group(1) if m else s
+    r"""``\text{yes}`` -> ``yes`` (models often box LaTeX text).
+
+    >>> _unwrap_text(r" \text{T2 } "), _unwrap_text(r"\text{a}b")
+    ('T2 ', '\\text{a}b')
+    """
+    m = _TEXT_WRAPPER.match(s)
+    if not m:
+        return s
+    tail = s.rstrip()
+    return s[m.end():len(tail) - 1] if tail.endswith("}") else s
+
+
+class _HugeNumber(ValueError):
+    pass
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _HugeNumber(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def loads_bounded(text: str) -> Any:
+    """``json.loads`` that refuses integers over :data:`MAX_INT_DIGITS` digits (``ValueError``).
+
+    >>> loads_bounded('{"x": 12}')
+    {'x': 12}
+    >>> parse_action('<tool_call>{"name": "t", "arguments": {"x": ' + '9' * 5000 + '}}</tool_call>').errors
+    ('Invalid JSON in <tool_call>: an integer of 5000 digits (at most 32). Write {"name": ..., "arguments": {...}}.',)
+    """
+    return json.loads(text, parse_int=_bounded_int)
+
+
+def _json_error(e: BaseException) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, RecursionError):
+        return "too deeply nested"
+    if isinstance(e, _HugeNumber):
+        return str(e)
+    return f"{type(e).__name__}: {str(e)[:120]}"
 
 
 def _parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
@@ -180,9 +267,9 @@ def _parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
     if not body:
         return None, "Empty <tool_call>: write a JSON object {\"name\": ..., \"arguments\": {...}}."
     try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else "too deeply nested"
+        obj = loads_bounded(body)
+    except (ValueError, RecursionError) as e:
+        msg = _json_error(e)
         return None, f"Invalid JSON in <tool_call>: {msg}. Write {{\"name\": ..., \"arguments\": {{...}}}}."
     if not isinstance(obj, dict):
         return None, f"<tool_call> must hold a JSON object, got {type(obj).__name__}."
@@ -194,9 +281,9 @@ def _parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return None, f"Invalid JSON in the arguments of {name!r}: {e.msg}."
+            args = loads_bounded(args) if args.strip() else {}
+        except (ValueError, RecursionError) as e:
+            return None, f"Invalid JSON in the arguments of {name!r}: {_json_error(e)}."
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -204,9 +291,25 @@ def _parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
     return ToolCall(name=name, arguments=args), None
 
 
-def parse_action(action: str | bytes, protocol: AnswerProtocol | str = "boxed") -> ParsedAction:
-    """Parse one whole model turn. Never raises on any ``str`` or ``bytes`` input."""
+def too_long(action: Any, max_chars: int = MAX_ACTION_CHARS) -> str | None:
+    """The error for a turn over ``max_chars`` (characters of a ``str``, bytes of ``bytes``), else ``None``."""
+    if isinstance(action, (str, bytes, bytearray)) and len(action) > max_chars:
+        unit = "characters" if isinstance(action, str) else "bytes"
+        return f"Your turn was {len(action)} {unit}; the limit is {max_chars}. Be concise."
+    return None
+
+
+def parse_action(action: str | bytes, protocol: AnswerProtocol | str = "boxed",
+                 max_chars: int | None = None) -> ParsedAction:
+    """Parse one whole model turn. Never raises on any ``str`` or ``bytes`` input; takes time
+    linear in its length. With ``max_chars`` (the env and the server pass theirs), a longer turn
+    is not read: one error, and ``raw`` holds its first 200 characters."""
     errors: list[str] = []
+    long = too_long(action, max_chars) if max_chars is not None else None
+    if long is not None:
+        head = action[:200]
+        head = head if isinstance(head, str) else bytes(head).decode("utf-8", errors="replace")
+        return ParsedAction(raw=head, errors=(long,))
     if isinstance(action, (bytes, bytearray)):
         text = bytes(action).decode("utf-8", errors="replace")
         if "\ufffd" in text:
@@ -217,8 +320,9 @@ def parse_action(action: str | bytes, protocol: AnswerProtocol | str = "boxed") 
         return ParsedAction(raw=repr(action), errors=(f"A turn must be text, got {type(action).__name__}.",))
     protocol = get_answer_protocol(protocol)
 
-    thinks = THINK_RE.findall(text)
-    body = THINK_RE.sub(" ", text)
+    spans, _ = tag_blocks(text, THINK_OPEN, THINK_CLOSE)
+    thinks = [text[a + len(THINK_OPEN):b - len(THINK_CLOSE)] for a, b in spans]
+    body = _cut(text, spans)
     think = "\n".join(t.strip() for t in thinks) if thinks else None
 
     tool_calls: list[ToolCall] = []
@@ -245,10 +349,22 @@ def parse_action(action: str | bytes, protocol: AnswerProtocol | str = "boxed") 
 
     answers, answer_errors = protocol.extract("".join(outside))
     errors.extend(answer_errors)
-    if len(answers) > 1:
+    if len(answers) > 1 and not any(e.startswith("Give exactly one final answer") for e in errors):
         errors.append(f"Give exactly one final answer; found {len(answers)}.")
     if answers and tool_calls:
         errors.append("A final answer ends the episode: the tool calls in the same turn were not run.")
     return ParsedAction(
         raw=text, think=think, tool_calls=tuple(tool_calls), answers=tuple(answers), errors=tuple(dict.fromkeys(errors))
     )
+
+
+def _cut(text: str, spans: list[tuple[int, int]]) -> str:
+    """``text`` with each span replaced by one space (as ``THINK_RE.sub(" ", text)`` did)."""
+    if not spans:
+        return text
+    out, pos = [], 0
+    for a, b in spans:
+        out.append(text[pos:a])
+        pos = b
+    out.append(text[pos:])
+    return " ".join(out)

@@ -41,8 +41,6 @@ from rewards.base import RewardFunction, RewardInput, RewardOutput
 from rewards.judge import JudgeClient, JudgeConfig
 
 WEIGHTS = {"format": 0.1, "modality": 0.045, "llm": 0.5175, "embed": 0.3375}
-_FORMAT = re.compile(r"^\s*(?P<pre>.*?)\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.S)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _NESTED = re.compile(r"</?(?:think|answer)>")
 # A modality tag's value: a short name of at most four words ("CT", "X-Ray", "MRI T2-weighted",
 # "Fundus Photography"), no clause: "CT, also some chatter" is prose, not a tag.
@@ -56,15 +54,20 @@ def split_medix(completion: str) -> tuple[bool, str | None, str | None]:
     """``(format_ok, modality_tag, answer)`` of a MediX-style completion. ``answer`` is the last
     ``<answer>`` span even when the format is broken (the semantic terms still read it); the tag
     counts only in a well-formed completion."""
+    from medvqa_env.parser import tag_blocks
+
     text = completion or ""
-    spans = _ANSWER.findall(text)
-    answer = spans[-1].strip() if spans else None
-    m = _FORMAT.match(text)
-    if not m or _NESTED.search(m.group("think")) or _NESTED.search(m.group("answer")):
+    spans, _ = tag_blocks(text, "<answer>", "</answer>")
+    answer = text[spans[-1][0] + 8:spans[-1][1] - 9].strip() if spans else None
+    parts = _medix_parts(text)
+    if parts is None:
         return False, None, answer
-    if not m.group("think").strip() or not m.group("answer").strip():  # the structure needs both spans' content
+    pre, think, body = parts
+    if _NESTED.search(think) or _NESTED.search(body):
         return False, None, answer
-    pre = m.group("pre").strip()
+    if not think.strip() or not body.strip():  # the structure needs both spans' content
+        return False, None, answer
+    pre = pre.strip()
     if not pre:
         return True, None, answer
     for pattern in _TAGS:
@@ -72,6 +75,32 @@ def split_medix(completion: str) -> tuple[bool, str | None, str | None]:
         if t:
             return True, t.group(1).strip(), answer
     return False, None, answer
+
+
+def _medix_parts(text: str) -> tuple[str, str, str] | None:
+    """``(pre, think, answer)`` of ``pre <think>think</think> <answer>answer</answer>`` (only
+    whitespace after), each span ending at its first closing tag; ``None`` if the text is not so.
+    What ``^\\s*(.*?)\\s*<think>(.*?)</think>\\s*<answer>(.*?)</answer>\\s*$`` accepts with spans
+    free of nested tags, without its backtracking (quadratic on ``"<think>" * n``): any other
+    match of that regex puts a tag inside a span or before ``<think>``, which the format refuses.
+
+    >>> _medix_parts(" [CT] <think>t</think>\\n<answer>a</answer> ")
+    (' [CT] ', 't', 'a')
+    >>> _medix_parts("<think>t</think> x <answer>a</answer>") is None
+    True
+    """
+    i = text.find("<think>")
+    j = text.find("</think>", i + 7) if i >= 0 else -1
+    if j < 0:
+        return None
+    k = j + 8
+    rest = text[k:].lstrip()
+    if not rest.startswith("<answer>"):
+        return None
+    end = rest.find("</answer>", 8)
+    if end < 0 or rest[end + 9:].strip():
+        return None
+    return text[:i], text[i + 7:j], rest[8:end]
 
 
 class MediXReward(RewardFunction):

@@ -132,6 +132,10 @@ def _check(value: Any, schema: Mapping[str, Any], where: str) -> Any:
             raise ToolError(f"{where} must be {' or '.join(kinds)}, got {_short(value)}.")
     if isinstance(value, float) and not math.isfinite(value):
         raise ToolError(f"{where} must be a finite number, got {value}.")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+        # past float range tools crash (OverflowError); past 4,300 digits even str() raises
+        raise ToolError(f"{where} must be a number of at most 15 digits, got an integer of about "
+                        f"{int(value.bit_length() * 0.30103) + 1} digits.")
     if "enum" in schema and value not in schema["enum"]:
         raise ToolError(f"{where} must be one of {list(schema['enum'])}, got {_short(value)}.")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -172,7 +176,13 @@ def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], where: st
     return out
 
 
+MAX_SAFE_INTEGER = 2 ** 53
+"""Largest integer a tool argument may hold (exact as a float; no coordinate needs more)."""
+
+
 def _short(value: Any, limit: int = 60) -> str:
+    if isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     s = repr(value)
     return s if len(s) <= limit else s[: limit - 3] + "..."
 

@@ -76,7 +76,11 @@ def _settings(args) -> "Any":
                           max_body_bytes=args.max_body_mb * 1024 * 1024, image_roots=tuple(args.image_root),
                           cache_size=args.cache_size, max_pixels=args.max_pixels,
                           max_queue=args.max_queue, result_dir=args.result_dir,
-                          image_store_mb=args.image_store_mb, done_if_invalid=args.done_if_invalid)
+                          image_store_mb=args.image_store_mb, done_if_invalid=args.done_if_invalid,
+                          max_batch_calls=args.max_batch_calls, max_request_pixels=args.max_request_pixels,
+                          max_result_pixels=args.max_result_pixels, max_action_chars=args.max_action_chars,
+                          result_dir_mb=args.result_dir_mb, read_timeout_s=args.read_timeout_s,
+                          max_connections=args.max_connections)
 
 
 @dataclass
@@ -107,6 +111,20 @@ class ServerArgs:
     """directory for result images sent by path to co-located clients (image_format=path)"""
     max_pixels: int = 64_000_000
     """largest image (width x height) a request may carry; bigger ones get 400"""
+    max_request_pixels: int | None = None
+    """decoded image pixels one request may cost in all; more get 400 (default: 2 x --max-pixels)"""
+    max_result_pixels: int | None = None
+    """result-image pixels one response may carry; calls past it get an error result (default: --max-pixels)"""
+    max_batch_calls: int = 64
+    """tool calls one request may make (/call_batch: more get 413; /get_observation: error results)"""
+    max_action_chars: int = 65_536
+    """longest model turn /get_observation parses; longer ones observe an error"""
+    result_dir_mb: int = 1024
+    """bound on the files kept under --result-dir (oldest deleted first)"""
+    read_timeout_s: float = 30.0
+    """seconds a connection may take to send a request's headers, or the next part of its body"""
+    max_connections: int = 256
+    """connections (and requests in flight) at once; more get 503"""
     log_level: str = "warning"
     """uvicorn's log level"""
 

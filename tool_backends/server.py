@@ -16,7 +16,12 @@ Endpoints (all JSON):
 
 Safety: binds 127.0.0.1 unless told otherwise and then demands a bearer token; bodies over
 ``max_body_bytes`` get 413; at most ``max_concurrency`` tool runs at once and ``max_queue``
-waiting (then 503); image and annotation paths are read only from under ``image_roots``.
+waiting (then 503), on every endpoint that runs tools or forwards calls; image and annotation
+paths are read only from under ``image_roots`` and only when they are regular files. Per request:
+at most ``max_batch_calls`` tool calls, ``max_request_pixels`` decoded image pixels (only the
+image a call targets is decoded) and ``max_result_pixels`` of result images
+(:class:`tool_backends.limits.RequestBudget`); per connection: ``read_timeout_s`` to send a
+request, and at most ``max_connections`` at once. See ``docs/security.md``.
 """
 
 
@@ -33,13 +38,15 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from medvqa_env.errors import ConfigError, ToolError, unknown_name_message
-from medvqa_env.images import DEFAULT_MAX_PIXELS
+from medvqa_env.images import DEFAULT_MAX_PIXELS, image_file
+from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
-from tool_backends.base import ToolContext, ToolResult
+from tool_backends.base import ToolContext, ToolResult, canonical_arguments
+from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
-                                result_to_wire)
+                                result_to_wire, target_index)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,23 @@ class ServerSettings:
     max_pixels: int = DEFAULT_MAX_PIXELS
     """Largest decoded image (width x height) a request may carry; bigger ones (and decompression
     bombs) get 400 before their pixels are allocated."""
+    max_batch_calls: int = 64
+    """Tool calls one request may make (``/call_batch`` entries, ``/get_observation`` calls in all)."""
+    max_request_pixels: int | None = None
+    """Decoded image pixels one request may cost in all (only the image a call targets is decoded);
+    ``None``: twice ``max_pixels``."""
+    max_result_pixels: int | None = None
+    """Result-image pixels one response may carry past its first result image; a call past it gets
+    an error result. ``None``: ``max_pixels``."""
+    max_action_chars: int = MAX_ACTION_CHARS
+    """Longest model turn ``/get_observation`` parses (longer ones observe an error)."""
+    result_dir_mb: int = 1024
+    """Bound on the files kept under ``result_dir`` (oldest deleted first)."""
+    read_timeout_s: float = 30.0
+    """A connection must send a request's headers within this of opening (or of its last response),
+    and each part of a body within this of the previous one (else 408)."""
+    max_connections: int = 256
+    """Open connections (and requests in flight) at once; more get 503 from uvicorn."""
 
 
 def is_loopback(host: str) -> bool:
@@ -90,13 +114,18 @@ def check_settings(settings: ServerSettings) -> None:
                           "(or bind 127.0.0.1)")
     if settings.max_concurrency < 1 or settings.max_body_bytes < 1024:
         raise ConfigError(f"expected max_concurrency >= 1 and max_body_bytes >= 1024, got {settings!r}")
+    limits = {k: getattr(settings, k) for k in ("max_batch_calls", "max_request_pixels", "max_result_pixels",
+                                                "max_action_chars", "max_connections", "read_timeout_s")}
+    if any(v is not None and v <= 0 for v in limits.values()):
+        raise ConfigError(f"expected every limit to be > 0, got {limits}")
 
 
 class BodyLimit:
-    """ASGI middleware: refuse bodies over ``limit`` bytes (by header, and while streaming)."""
+    """ASGI middleware: refuse bodies over ``limit`` bytes (by header, and while streaming), and
+    bodies whose next part takes over ``read_timeout_s`` to arrive (408)."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, read_timeout_s: float | None = None) -> None:
+        self.app, self.limit, self.read_timeout_s = app, limit, read_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -109,7 +138,10 @@ class BodyLimit:
 
         async def limited():
             nonlocal seen
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            except asyncio.TimeoutError:
+                raise _Stalled() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
@@ -120,9 +152,15 @@ class BodyLimit:
             await self.app(scope, limited, send)
         except _TooLarge:
             await _plain(send, 413, f"request body is over the limit of {self.limit} bytes")
+        except _Stalled:
+            await _plain(send, 408, f"the request body stalled for over {self.read_timeout_s:g} s")
 
 
 class _TooLarge(Exception):
+    pass
+
+
+class _Stalled(Exception):
     pass
 
 
@@ -146,6 +184,7 @@ class ToolService:
                     self.specs[spec.name] = spec
         self.cache = ToolCache(settings.cache_size) if settings.cache_size > 0 else None
         self.store = ImageStore(settings.image_store_mb * 1024 * 1024)
+        self.result_dir = ResultDir(settings.result_dir, settings.result_dir_mb << 20) if settings.result_dir else None
         self.started = time.time()
         self.calls = 0
 
@@ -157,12 +196,32 @@ class ToolService:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise WireError(f"malformed 'context': {e}") from None
         ann = ctx.annotations
-        masks = tuple(m for m in ann.masks if self.settings.image_roots and is_under(m.path, self.settings.image_roots))
-        if len(masks) != len(ann.masks):  # never open a client-named file outside the roots
+        masks = tuple(m for m in ann.masks if self.settings.image_roots and is_under(image_file(m.path), self.settings.image_roots)
+                      and is_regular_file(image_file(m.path)))
+        if len(masks) != len(ann.masks):  # never open a client-named file outside the roots, nor a FIFO or device
             ctx = ToolContext(ctx.record_id, ctx.dataset, Annotations(ann.boxes, masks, ann.labels), ctx.question)
         return ctx
 
-    def decode_call(self, call: Any):
+    def budget(self) -> RequestBudget:
+        """A fresh :class:`RequestBudget` for one request."""
+        s = self.settings
+        return RequestBudget(s.max_batch_calls, s.max_request_pixels or 2 * s.max_pixels,
+                             s.max_result_pixels or s.max_pixels)
+
+    def target(self, name: str, arguments: Any, n_images: int) -> int | None:
+        """The image a call reads (aliases such as ``img_idx`` resolved), or ``None``."""
+        if not isinstance(arguments, Mapping):
+            return None
+        spec = self.specs.get(name)
+        try:
+            arguments = canonical_arguments(spec, arguments) if spec is not None else arguments
+        except Exception:  # the tool reports conflicting aliases itself
+            pass
+        return target_index(arguments, n_images)
+
+    def decode_call(self, call: Any, budget: RequestBudget | None = None):
+        """``(name, arguments, images, context)``; of the images only the one the call targets is
+        decoded (the others are ``None``: every tool reads one image)."""
         if not isinstance(call, Mapping):
             raise WireError(f"expected a call object, got {type(call).__name__}")
         name = call.get("tool")
@@ -174,16 +233,27 @@ class ToolService:
         raw_images = call.get("images") or []
         if not isinstance(raw_images, list) or len(raw_images) > self.settings.max_images:
             raise WireError(f"expected 'images' to be a list of at most {self.settings.max_images} entries")
-        images = [None if e is None else self.decode(e) for e in raw_images]
+        images: list = [None] * len(raw_images)
+        index = self.target(name, arguments, len(raw_images))
+        if index is not None and raw_images[index] is not None:
+            images[index] = self.decode(raw_images[index], budget)
         return name, arguments, images, self.context(call.get("context"))
 
-    def decode(self, entry: Any):
-        return decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
+    def decode(self, entry: Any, budget: RequestBudget | None = None):
+        image = decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
+        if budget is not None and not (isinstance(entry, Mapping) and "ref" in entry):  # a ref decodes nothing
+            budget.take_input(image)
+        return image
 
     def encode(self, result: ToolResult, image_format: Any, derived_ok: Any = False,
                parts: list[bytes] | None = None) -> dict[str, Any]:
         fmt = image_format if isinstance(image_format, str) else "png"
-        return result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True, parts=parts)
+        wire = result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True, parts=parts)
+        if self.result_dir is not None:
+            for entry in wire["images"]:
+                if "path" in entry:
+                    self.result_dir.wrote(entry["path"])
+        return wire
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
         """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`)."""
@@ -200,10 +270,9 @@ class ToolService:
             hit = self.cache.get(key)
             if hit is not None:
                 return hit
-        if isinstance(arguments, Mapping):
-            index = arguments.get("image_index", 0)
-            if isinstance(index, int) and -len(images) <= index < len(images) and images[index] is None:
-                return ToolResult.failure(f"image {index} was not sent with the call.")
+        index = self.target(name, arguments, len(images))
+        if index is not None and images[index] is None:
+            return ToolResult.failure(f"image {index} was not sent with the call.")
         try:
             result = self.backends[name].call(name, images, arguments, context)
         except ToolError as e:
@@ -227,12 +296,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     settings = settings or ServerSettings()
     check_settings(settings)
     service = ToolService(backends, settings)
-    observer = TrajectoryObserver(service, done_if_invalid=settings.done_if_invalid)
+    observer = TrajectoryObserver(service, done_if_invalid=settings.done_if_invalid,
+                                  max_action_chars=settings.max_action_chars)
     app = FastAPI(title="MedVQA-Gym tool server", docs_url=None, redoc_url=None)
     gate = asyncio.Semaphore(settings.max_concurrency)
     waiting = {"n": 0}
     app.state.service = service
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, read_timeout_s=settings.read_timeout_s)
 
     def authorize(request: Request) -> None:
         if not settings.token:
@@ -244,7 +314,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     async def body(request: Request) -> Any:
         try:
             return await request.json()
-        except _TooLarge:  # a streamed body over the limit: BodyLimit answers 413
+        except (_TooLarge, _Stalled):  # a streamed body over the limit or stalled: BodyLimit answers
             raise
         except Exception:
             raise HTTPException(400, "expected a JSON body") from None
@@ -300,10 +370,14 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         authorize(request)
         return {"tools": [s.openai_schema() for s in service.specs.values()]}
 
-    def one_call(call: Any, parts: list[bytes] | None = None) -> dict[str, Any]:
-        name, arguments, images, context = service.decode_call(call)
-        return service.encode(service.run(name, arguments, images, context), call.get("image_format", "png"),
-                              call.get("derived_ok", False), parts)
+    def one_call(call: Any, parts: list[bytes] | None = None, budget: RequestBudget | None = None) -> dict[str, Any]:
+        budget = budget or service.budget()
+        spent = budget.take_call()
+        if spent is not None:
+            return service.encode(ToolResult.failure(spent), "png")
+        name, arguments, images, context = service.decode_call(call, budget)
+        result = budget.take_result(service.run(name, arguments, images, context))
+        return service.encode(result, call.get("image_format", "png"), call.get("derived_ok", False), parts)
 
     @app.post("/call")
     async def call(request: Request):
@@ -314,9 +388,9 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
                 name = json.loads(raw).get("tool")
             except Exception:
                 raise HTTPException(400, "expected a JSON body") from None
-            if isinstance(name, str) and name in proxy:
-                status, content, media_type = await run_in_threadpool(
-                    proxy[name].forward, "/call", raw, request.headers.get("accept"))
+            if isinstance(name, str) and name in proxy:  # forwarded under the same concurrency and queue limits
+                status, content, media_type = await guarded(proxy[name].forward, "/call", raw,
+                                                            request.headers.get("accept"))
                 return Response(content=content, status_code=status, media_type=media_type)
         payload = await body(request)
         if not isinstance(payload, dict):
@@ -331,8 +405,11 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         calls = payload.get("calls") if isinstance(payload, dict) else None
         if not isinstance(calls, list):
             raise HTTPException(400, "expected {'calls': [...]}")
+        if len(calls) > settings.max_batch_calls:
+            raise HTTPException(413, f"{len(calls)} calls in one batch; the limit is {settings.max_batch_calls}")
         parts = frames_accepted(request)
-        return json_response({"results": await guarded(lambda: [one_call(c, parts) for c in calls])}, parts)
+        budget = service.budget()
+        return json_response({"results": await guarded(lambda: [one_call(c, parts, budget) for c in calls])}, parts)
 
     @app.post("/get_observation")
     async def get_observation(request: Request):
@@ -348,7 +425,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not all(isinstance(v, list) and len(v) == n for v in (ids, finish, extras)):
             raise HTTPException(400, f"expected trajectory_ids, finish and extra_fields to have {n} entries")
 
-        return await guarded(observer.batch, ids, actions, finish, extras)
+        return await guarded(observer.batch, ids, actions, finish, extras, service.budget())
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # keep {"detail": ...} and never echo the token
@@ -358,10 +435,19 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 7660, log_level: str = "warning") -> None:
-    """Run ``app`` with uvicorn in this process (blocking)."""
+    """Run ``app`` with uvicorn in this process (blocking), with the connection limits of its
+    settings (``max_connections``, ``read_timeout_s``)."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, **connection_limits(app))
+
+
+def connection_limits(app) -> dict[str, Any]:
+    """uvicorn options enforcing ``app``'s connection limits (for ``uvicorn.run`` / ``uvicorn.Config``)."""
+    service = getattr(getattr(app, "state", None), "service", None)
+    settings = service.settings if service is not None else ServerSettings()
+    return {"limit_concurrency": settings.max_connections, "http": read_timeout_protocol(settings.read_timeout_s),
+            "timeout_keep_alive": max(1, min(5, int(settings.read_timeout_s)))}
 
 
 def data_url_to_bytes(url: str) -> bytes:
@@ -373,5 +459,5 @@ def data_url_to_bytes(url: str) -> bytes:
     return base64.b64decode(url.split(",", 1)[1])
 
 
-__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "is_loopback", "BodyLimit", "check_settings",
-           "data_url_to_bytes"]
+__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "connection_limits", "is_loopback", "BodyLimit",
+           "check_settings", "data_url_to_bytes"]

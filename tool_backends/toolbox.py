@@ -87,8 +87,10 @@ class ToolCache:
     """A thread-safe in-memory LRU of tool results keyed by (tool, arguments, image, record).
 
     Bounded twice: by ``max_entries`` and by ``max_bytes`` (the results' images and text, see
-    :func:`result_nbytes`), so a long run with large images cannot grow it to gigabytes. A result
-    larger than ``max_bytes`` on its own is not cached.
+    :func:`result_nbytes`, and what they keep alive: a result image not drawn yet holds its source
+    image, :func:`retained_by`, counted once however many entries share it), so a long run with
+    large images cannot grow it to gigabytes. A result larger than ``max_bytes`` on its own is not
+    cached.
     """
 
     def __init__(self, max_entries: int = 2048, max_bytes: int = 128 * 1024 * 1024) -> None:
@@ -96,6 +98,8 @@ class ToolCache:
         self.max_bytes = int(max_bytes)
         self._data: OrderedDict[str, ToolResult] = OrderedDict()
         self._sizes: dict[str, int] = {}
+        self._holds: dict[str, tuple[int, ...]] = {}  # key -> ids of the objects its result keeps alive
+        self._held: dict[int, list] = {}  # id -> [object, bytes, entries holding it]
         self.nbytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -112,16 +116,35 @@ class ToolCache:
 
     def put(self, key: str, result: ToolResult) -> None:
         size = result_nbytes(result)
-        if size > self.max_bytes:
+        held = retained_by(result)
+        if size + sum(n for _, n in held.values()) > self.max_bytes:
             return
         with self._lock:
-            self.nbytes += size - self._sizes.get(key, 0)
+            if key in self._data:
+                self._drop(key)
             self._data[key] = result
             self._sizes[key] = size
-            self._data.move_to_end(key)
+            self.nbytes += size
+            self._holds[key] = tuple(held)
+            for ident, (obj, n) in held.items():
+                entry = self._held.get(ident)
+                if entry is None:
+                    self._held[ident] = [obj, n, 1]
+                    self.nbytes += n
+                else:
+                    entry[2] += 1
             while len(self._data) > self.max_entries or self.nbytes > self.max_bytes:
-                old, _ = self._data.popitem(last=False)
-                self.nbytes -= self._sizes.pop(old)
+                self._drop(next(iter(self._data)))
+
+    def _drop(self, key: str) -> None:
+        del self._data[key]
+        self.nbytes -= self._sizes.pop(key)
+        for ident in self._holds.pop(key, ()):
+            entry = self._held[ident]
+            entry[2] -= 1
+            if entry[2] == 0:
+                del self._held[ident]
+                self.nbytes -= entry[1]
 
     def __len__(self) -> int:
         return len(self._data)
@@ -141,6 +164,38 @@ def result_nbytes(result: ToolResult) -> int:
     """
     pixels = sum(im.width * im.height * len(im.getbands()) for im in result.images)
     return pixels + len(result.text) + 1024
+
+
+def retained_by(result: ToolResult) -> dict[int, tuple[Any, int]]:
+    """What a result keeps alive beside its own pixels, by ``id``: the images and arrays that its
+    undrawn :class:`~medvqa_env.images.LazyImage` results will be drawn from (a zoom's source
+    image, a mask), with their bytes.
+
+    >>> from medvqa_env.images import LazyImage
+    >>> def crop_of(source):
+    ...     return LazyImage(lambda: source.crop((0, 0, 10, 10)), (10, 10))
+    >>> [n for _, n in retained_by(ToolResult("ok", images=[crop_of(Image.new("RGB", (100, 50)))])).values()]
+    [15000]
+    """
+    import numpy as np
+
+    from medvqa_env.images import LazyImage
+
+    out: dict[int, tuple[Any, int]] = {}
+    for im in result.images:
+        draw = getattr(im, "_draw", None) if isinstance(im, LazyImage) else None
+        values = list(getattr(draw, "__defaults__", None) or ())
+        for cell in getattr(draw, "__closure__", None) or ():
+            try:
+                values.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        for value in values:
+            if isinstance(value, Image.Image):
+                out[id(value)] = (value, value.width * value.height * len(value.getbands()))
+            elif isinstance(value, np.ndarray):
+                out[id(value)] = (value, value.nbytes)
+    return out
 
 
 def cache_key(name: str, arguments: Mapping[str, Any], images: Sequence[Image.Image],

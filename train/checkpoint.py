@@ -6,8 +6,11 @@ folder -- ``model.safetensors`` + ``config.json`` (or, under LoRA, a PEFT adapte
 processor, and ``medvqa_run.json`` (the system prompt actually shown, the env settings and chat
 rendering it was trained with -- :func:`trained_settings` -- and the resolved run config) -- so
 ``eval.run --agent vlm --agent-opt model=<out>/checkpoints/step_<N>`` loads it as it is. Beside
-the model, ``trainer_state/`` holds what resuming needs: ``optimizer.pt``, ``rng.pt`` and
-``state.json`` (step, running accuracy, reward-function state, wall time).
+the model, ``trainer_state/`` holds what resuming needs: ``optimizer.pt`` (tensors only, read with
+``weights_only=True``), ``rng.json`` and ``state.json`` (step, running accuracy, reward-function
+state, wall time). Nothing in a checkpoint is executable: a resumed run never unpickles arbitrary
+objects, so a crafted checkpoint folder cannot run code (an older run's ``rng.pt`` is read with
+``weights_only=True`` and numpy arrays allowed, nothing else).
 
 The folder is written under a temporary name and renamed into place, then ``latest`` (a one-line
 file) is replaced atomically: a kill at any moment leaves the previous checkpoint intact. Only the
@@ -16,6 +19,7 @@ newest ``keep`` checkpoints stay (``keep=0`` keeps all).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -85,6 +89,65 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def rng_state_to_json(state: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`rng_state` as JSON-able data (no pickle): numbers, lists, base64 tensor bytes."""
+    version, internal, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    out = {"python": [version, list(internal), gauss],
+           "numpy": [str(name), np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
+           "torch": _tensor_b64(state["torch"])}
+    if "cuda" in state:
+        out["cuda"] = [_tensor_b64(t) for t in state["cuda"]]
+    return out
+
+
+def rng_state_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`rng_state_to_json`; ``ValueError`` when ``data`` is not such a state."""
+    try:
+        version, internal, gauss = data["python"]
+        name, keys, pos, has_gauss, cached = data["numpy"]
+        state = {"python": (int(version), tuple(int(v) for v in internal), None if gauss is None else float(gauss)),
+                 "numpy": (str(name), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
+                 "torch": _tensor_from_b64(data["torch"])}
+        if "cuda" in data:
+            state["cuda"] = [_tensor_from_b64(t) for t in data["cuda"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"expected an RNG state written by save_checkpoint, got {type(e).__name__}: {e}") from None
+    return state
+
+
+def _tensor_b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().astype(np.uint8).tobytes()).decode("ascii")
+
+
+def _tensor_from_b64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8).clone()
+
+
+def load_rng_state(state_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The RNG state saved in a checkpoint's ``trainer_state/``: ``rng.json``, or an older run's
+    ``rng.pt`` read with ``weights_only=True`` (numpy arrays allowed, nothing else: a pickle that
+    would run code is refused with ``ValueError`` before anything in it runs); ``None`` if neither."""
+    state_dir = Path(state_dir)
+    if (state_dir / "rng.json").is_file():
+        return rng_state_from_json(json.loads((state_dir / "rng.json").read_text()))
+    legacy = state_dir / "rng.pt"
+    if not legacy.is_file():
+        return None
+    allowed = [np.ndarray, np.dtype, np.dtypes.UInt32DType]
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    allowed.append(_reconstruct)
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return dict(torch.load(legacy, weights_only=True, map_location="cpu"))
+    except Exception as e:  # torch's UnpicklingError names the global it refused
+        raise ValueError(f"{legacy} is not a plain RNG state (refused, nothing in it was run): "
+                         f"{str(e).strip().splitlines()[-1][:300]}") from None
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -147,7 +210,7 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model: torch.nn.Modul
     save_model_folder(model, encoder, tmp, {**dict(run_info or {}), "step": step})
     (tmp / STATE_DIR).mkdir()
     torch.save(optimizer.state_dict(), tmp / STATE_DIR / "optimizer.pt")
-    torch.save(rng_state(), tmp / STATE_DIR / "rng.pt")
+    (tmp / STATE_DIR / "rng.json").write_text(json.dumps(rng_state_to_json(rng_state())))
     (tmp / STATE_DIR / "state.json").write_text(json.dumps({**state, "step": step}, default=float))
     if final.exists():
         shutil.rmtree(final)
@@ -206,7 +269,9 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
         load_weights(path, model)
     state_dir = path / STATE_DIR
     if optimizer is not None and (state_dir / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", map_location="cpu"))
-    if restore_rng and (state_dir / "rng.pt").is_file():
-        set_rng_state(torch.load(state_dir / "rng.pt", weights_only=False))
+        optimizer.load_state_dict(torch.load(state_dir / "optimizer.pt", map_location="cpu", weights_only=True))
+    if restore_rng:
+        state = load_rng_state(state_dir)
+        if state is not None:
+            set_rng_state(state)
     return json.loads((state_dir / "state.json").read_text())

@@ -3,8 +3,11 @@
 The server's endpoints read raw JSON (so they can answer malformed bodies with a readable 400), so
 FastAPI's generated schema has no request bodies. :func:`wire_schema` adds them from the wire
 format (``tool_backends/server.py``) and from the tools' own argument schemas, so schemathesis
-generates calls that are well-formed and calls that are not (its negative mode). The checks: no
-5xx ever, every answer is JSON with a readable ``detail`` or a result, and the server stays up.
+generates calls that are well-formed and calls that are not (its negative mode). The schema also
+offers the hostile inputs of issue 28 as values the generator may pick: the worst turns (quadratic
+for the old parser), numbers far past any coordinate, batches past the call limit. The checks: no
+5xx ever, every answer is JSON with a readable ``detail`` or a result, the server stays up, and
+``/health`` answers within a bound measured as a ratio of its idle latency after every case.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from tool_backends.toolbox import LocalBackend
 
 TOOLS = ("segment", "image_zoom_in")
 MAX_EXAMPLES = 25  # per operation and mode; ~15 s in all on 2 cores
+HOSTILE_TURNS = ["<think>" * 15000, "<think>" * 9000 + "</think>", "\\boxed{" * 4096 + "}" * 4096,
+                 "<answer>" * 8000, '<tool_call>{"name": "segment", "arguments": {"bbox": [0, 0, %s, 9]}}</tool_call>'
+                 % ("9" * 5000)]
+HUGE_NUMBERS = [10 ** 400, -(10 ** 300), 2 ** 64, 1e308]
 
 
 def _real_png() -> str:
@@ -45,7 +52,10 @@ def wire_schema() -> dict:
         {"type": "object", "required": ["path"], "properties": {"path": {"type": "string", "maxLength": 100}}}]}
     real = {"type": "object", "required": ["png"], "additionalProperties": False,
             "properties": {"png": {"enum": [_real_png()]}}}
-    arguments = {"oneOf": [backend.tools[t].spec.parameters for t in TOOLS]}
+    arguments = {"oneOf": [backend.tools[t].spec.parameters for t in TOOLS] + [  # and numbers no tool can use
+        {"type": "object", "properties": {"bbox": {"type": "array", "minItems": 4, "maxItems": 4,
+                                                   "items": {"enum": HUGE_NUMBERS + [0, 1]}},
+                                          "image_index": {"enum": HUGE_NUMBERS}}}]}
     context = {"type": "object", "properties": {
         "record_id": {"type": "string"}, "dataset": {"type": "string"}, "question": {"type": "string"},
         "annotations": {"type": "object", "properties": {
@@ -63,7 +73,8 @@ def wire_schema() -> dict:
 
     observation = {"type": "object", "required": ["actions"], "properties": {
         "trajectory_ids": {"type": "array", "maxItems": 3},
-        "actions": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 300}},
+        "actions": {"type": "array", "maxItems": 3, "items": {"anyOf": [
+            {"type": "string", "maxLength": 300}, {"enum": HOSTILE_TURNS}]}},
         "finish": {"type": "array", "maxItems": 3, "items": {"type": "boolean"}},
         "is_last_step": {"type": "boolean"},
         "extra_fields": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
@@ -71,7 +82,9 @@ def wire_schema() -> dict:
     # /call: real images, fuzzed arguments (reaches the tools); /call_batch: fuzzed image entries
     bodies = {"/call": call(real),
               "/call_batch": {"type": "object", "required": ["calls"], "properties": {
-                  "calls": {"type": "array", "maxItems": 3, "items": call({"anyOf": [image, {"type": "null"}]})}}},
+                  "calls": {"anyOf": [
+                      {"type": "array", "maxItems": 3, "items": call({"anyOf": [image, {"type": "null"}]})},
+                      {"type": "array", "minItems": 65, "maxItems": 70, "items": {"enum": [{}]}}]}}},  # past the limit
               "/get_observation": observation}
     for path, body in bodies.items():
         raw["paths"][path]["post"]["requestBody"] = {
@@ -88,8 +101,17 @@ def test_the_augmented_schema_covers_every_endpoint():
     assert all("requestBody" in paths[p]["post"] for p in ("/call", "/call_batch", "/get_observation"))
 
 
+def _health_s(url: str) -> float:
+    import time
+
+    start = time.perf_counter()
+    assert httpx.get(url + "/health", timeout=60).status_code == 200
+    return time.perf_counter() - start
+
+
 @pytest.fixture(scope="module")
 def fuzz_server(tool_server):
+    tool_server.idle_health_s = min(_health_s(tool_server.url) for _ in range(5))
     yield tool_server
     # the server survived everything it was sent
     assert httpx.get(tool_server.url + "/health", timeout=10).status_code == 200
@@ -105,3 +127,5 @@ def test_fuzzed_requests_never_get_a_server_error(case, fuzz_server):
         assert isinstance(body.get("detail"), str) and body["detail"]
     elif case.path == "/call":
         assert isinstance(body["result"]["text"], str)
+    # nothing it was sent leaves the server slow to answer (the old parser held /health for 46 s)
+    assert _health_s(fuzz_server.url) < max(1.0, 200 * fuzz_server.idle_health_s)

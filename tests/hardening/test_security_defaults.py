@@ -68,7 +68,8 @@ def test_every_limit_flag_is_documented(capsys):
         build_parser().parse_args(["serve", "--help"])  # simple-parsing adds its flags while parsing
     flags = set(re.findall(r"--[a-z][a-z0-9-]*", capsys.readouterr().out))
     protective = {"--host", "--token-env", "--max-concurrency", "--max-queue", "--max-body-mb", "--max-pixels",
-                  "--image-root"}
+                  "--image-root", "--max-request-pixels", "--max-result-pixels", "--max-batch-calls",
+                  "--max-action-chars", "--result-dir-mb", "--read-timeout-s", "--max-connections"}
     assert protective <= flags, protective - flags
     missing = [f for f in sorted(protective) if not re.search(re.escape(f) + r"\b", text)]
     assert not missing, f"docs/security.md does not document {missing}"

@@ -64,7 +64,7 @@ def test_saves_are_hf_folders_with_prompt_and_config_and_keep_applies(run):
     assert [p.name for p in list_checkpoints(run)] == ["step_000002"]  # --keep 1
     ckpt = latest_checkpoint(run)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json",
-                 "medvqa_run.json", "trainer_state/optimizer.pt", "trainer_state/rng.pt"):
+                 "medvqa_run.json", "trainer_state/optimizer.pt", "trainer_state/rng.json"):
         assert (ckpt / name).is_file(), name
     saved = json.loads((ckpt / "medvqa_run.json").read_text())
     assert saved["system_prompt"] == SHORT_SYSTEM_PROMPT and saved["step"] == 2

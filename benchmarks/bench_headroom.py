@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         fig.update({f"{name}.{key}": value for key, value in m.items()})
         lines.append(f"| {name} | {build} | {m['questions']} | {m['greedy_accuracy']:.3f} | {m['sampled_accuracy']:.3f} | "
                      f"{m[f'pass_at_{a.k}']:.3f} | {m['sampled_tool_calls']:.2f} |")
+    fig["table"] = "\n".join(lines[4:])
     record("headroom", "\n".join(lines) + "\n", fig, command_line("bench_headroom.py", argv),
            results_dir_arg(a.quick, a.results))
     return 0

@@ -24,15 +24,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Sequence
 
-from rouge_score import rouge_scorer
-
-_SCORERS: dict[bool, rouge_scorer.RougeScorer] = {}
+_SCORERS: dict[bool, Any] = {}
 
 
-def _scorer(stem: bool) -> rouge_scorer.RougeScorer:
+def _scorer(stem: bool) -> Any:
+    """rouge-score's scorer (imported here, on the first open answer: rouge-score pulls in nltk,
+    scipy and scikit-learn, seconds that an env making no open-answer reward should not pay)."""
     if stem not in _SCORERS:
+        from rouge_score import rouge_scorer
+
         _SCORERS[stem] = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=stem)
     return _SCORERS[stem]
 

@@ -3,13 +3,16 @@
 ``tools={"ground": "trained"}`` (``--tools ground=trained``) trains the grounder on the embedded
 train split the first time any process asks for it (:mod:`tool_backends.finetune.cache`; a log
 line says so and how long it took), caches the folder, and from then on loads it: the same
-engine as ``{"engine": "centernet", "model": <folder>}``. Options choose what it is trained on:
+engine as ``{"engine": "centernet", "model": <folder>}``, loaded once per process
+(:func:`~tool_backends.engines.loaded.load_once`). Options choose what it is trained on:
 ``dataset``, ``split``, ``dataset_options``, ``val_options``, ``steps``, ``seed``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+from tool_backends.engines.loaded import load_once
 
 
 def trained_grounder(dataset: str = "embedded", split: str = "train", dataset_options: Mapping[str, Any] | None = None,
@@ -20,7 +23,7 @@ def trained_grounder(dataset: str = "embedded", split: str = "train", dataset_op
     from tool_backends.finetune.cache import trained_folder
 
     folder = trained_folder("ground", dataset, split, dataset_options, val_options, steps, seed, device)
-    return CenterNetGrounder(model=str(folder), device=device, nms_iou=nms_iou)
+    return load_once(CenterNetGrounder, {"model": str(folder), "device": device, "nms_iou": nms_iou})
 
 
 def trained_segmenter(dataset: str = "embedded", split: str = "train", dataset_options: Mapping[str, Any] | None = None,
@@ -31,7 +34,7 @@ def trained_segmenter(dataset: str = "embedded", split: str = "train", dataset_o
     from tool_backends.finetune.cache import trained_folder
 
     folder = trained_folder("segment", dataset, split, dataset_options, val_options, steps, seed, device)
-    return SamSegmenter(model=str(folder), device=device, mask_threshold=mask_threshold)
+    return load_once(SamSegmenter, {"model": str(folder), "device": device, "mask_threshold": mask_threshold})
 
 
 def trained_classifier(dataset: str = "embedded", split: str = "train", dataset_options: Mapping[str, Any] | None = None,
@@ -45,4 +48,5 @@ def trained_classifier(dataset: str = "embedded", split: str = "train", dataset_
 
     folder = trained_folder("classify", dataset, split, dataset_options, val_options, steps, seed, device)
     info = read_info(folder) or {}
-    return ClipClassifier(model=str(folder), device=device, template=info.get("template", "a medical image of {}"))
+    return load_once(ClipClassifier, {"model": str(folder), "device": device,
+                                      "template": info.get("template", "a medical image of {}")})

@@ -116,10 +116,13 @@ class TokenEncoder:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        from medvqa_env.progress import quiet_progress
+
         path = self.model_path or default_model_path()
         self.model_path = path
         self._tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path)
+        with quiet_progress():
+            model = AutoModel.from_pretrained(path)
         total = model.config.num_hidden_layers
         if self.num_layers > total:
             raise ValueError(f"expected num_layers <= {total} for {path!r}, got {self.num_layers}")
@@ -273,8 +276,11 @@ class SentenceEncoder:
             if self._model is None:
                 from sentence_transformers import SentenceTransformer
 
+                from medvqa_env.progress import quiet_progress
+
                 self.model_path = self.model_path or default_model_path()
-                self._model = SentenceTransformer(self.model_path, device=self.device)
+                with quiet_progress():
+                    self._model = SentenceTransformer(self.model_path, device=self.device)
             found = {t: self._cache[t] for t in dict.fromkeys(texts) if t in self._cache}
             todo = [t for t in dict.fromkeys(texts) if t not in found]
             if todo:

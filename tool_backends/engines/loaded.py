@@ -15,13 +15,14 @@ bars (transformers' "Loading weights") unless ``MEDVQA_PROGRESS_BARS=1``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
+
+from medvqa_env.progress import quiet_progress
 
 T = TypeVar("T")
 
@@ -83,23 +84,6 @@ def load_once(factory: Callable[..., T], options: Mapping[str, Any] | None = Non
         return slot.engine
 
 
-@contextlib.contextmanager
-def quiet_progress(uses_transformers: bool = True):
-    """transformers' progress bars off for the block (restored after), unless ``MEDVQA_PROGRESS_BARS=1``."""
-    if not uses_transformers or os.environ.get("MEDVQA_PROGRESS_BARS", "") not in ("", "0"):
-        yield
-        return
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
-
-
 def loaded_count() -> int:
     """Engines this process holds."""
     with _LOCK:
@@ -112,4 +96,4 @@ def forget_loaded() -> None:
         _LOADED.clear()
 
 
-__all__ = ["load_once", "checkpoint_fingerprint", "quiet_progress", "loaded_count", "forget_loaded"]
+__all__ = ["load_once", "checkpoint_fingerprint", "loaded_count", "forget_loaded"]

@@ -285,3 +285,17 @@ def test_every_caller_of_a_failing_flight_gets_its_error():
     for t in threads:
         t.join(30)
     assert errors == ["upstream said no"] * 4 and flights.computed == 1
+
+
+def test_an_upload_the_server_already_holds_is_not_decoded_again():
+    """A group's clients each upload the shared image after their optimistic refs missed; once one
+    upload is stored, the others' payloads are not decoded (nor their digests recomputed)."""
+    from medvqa_env.images import image_digest
+    from tool_backends.wire import ImageStore, decode_image_entry, encode_image
+
+    store, image = ImageStore(), Image.new("RGB", (40, 30), (120, 60, 30))
+    first = decode_image_entry(encode_image(image, "raw"), store=store)
+    assert image_digest(first) == image_digest(image) and len(store) == 1
+    again = decode_image_entry({"raw": "not even base64!", "size": [40, 30], "digest": image_digest(image)},
+                               store=store)
+    assert again is first

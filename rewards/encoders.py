@@ -116,10 +116,13 @@ class TokenEncoder:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        from medvqa_env.progress import quiet_progress
+
         path = self.model_path or default_model_path()
         self.model_path = path
         self._tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path)
+        with quiet_progress():
+            model = AutoModel.from_pretrained(path)
         total = model.config.num_hidden_layers
         if self.num_layers > total:
             raise ValueError(f"expected num_layers <= {total} for {path!r}, got {self.num_layers}")
@@ -296,8 +299,11 @@ class SentenceEncoder:
         if self._model is None:
             from sentence_transformers import SentenceTransformer
 
+            from medvqa_env.progress import quiet_progress
+
             self.model_path = self.model_path or default_model_path()
-            self._model = SentenceTransformer(self.model_path, device=self.device)
+            with quiet_progress():
+                self._model = SentenceTransformer(self.model_path, device=self.device)
 
     def covers(self, texts: Sequence[str]) -> list[bool]:
         """Whether the model's vocabulary covers each text (see :meth:`TokenEncoder.covers`)."""

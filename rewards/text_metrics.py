@@ -43,7 +43,9 @@ _SCORERS: dict[bool, Any] = {}
 _UNICODE_TOKEN = re.compile(f"[{CJK_CHARS}]|(?:(?![{CJK_CHARS}])[^\\W_])+")
 
 
-def _scorer(stem: bool):
+def _scorer(stem: bool) -> Any:
+    """rouge-score's scorer (imported here, on the first open answer: rouge-score pulls in nltk,
+    scipy and scikit-learn, seconds that an env making no open-answer reward should not pay)."""
     if stem not in _SCORERS:
         from rouge_score import rouge_scorer
 

@@ -4,17 +4,34 @@ It is a tool server whose backends are :class:`HTTPToolBackend` clients, one per
 ``/call`` bodies are forwarded unchanged to the server that owns the tool (no image re-encoding);
 ``/get_observation`` parses each turn and dispatches every call by tool name; ``/tools`` lists the
 union of the upstreams' tools; ``/health`` asks every upstream and says ``degraded`` (503) when one
-is down.
+is down. Identical ``/call`` requests in flight at once (a GRPO group's) are forwarded once and
+share the upstream's answer (:class:`SharedForward`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any, Mapping
 
 from medvqa_env.errors import ConfigError
 from tool_backends.http_client import HTTPToolBackend
 from tool_backends.server import ServerSettings, create_app
+from tool_backends.single_flight import SingleFlight
+
+
+class SharedForward:
+    """An upstream client whose :meth:`forward` sends identical requests in flight at once only
+    once: the callers share its (status, body, media type), an upstream error included. The key is
+    the whole request (path, accepted formats, body: tool, arguments, image refs or bytes, context)."""
+
+    def __init__(self, client: HTTPToolBackend, flights: SingleFlight) -> None:
+        self.client, self.flights = client, flights
+
+    def forward(self, path: str, body: bytes, accept: str | None = None) -> tuple[int, bytes, str]:
+        h = hashlib.blake2b(body, digest_size=16)
+        h.update(f"|{path}|{accept}|{self.client.url}".encode())
+        return self.flights.run(h.digest(), lambda: self.client.forward(path, body, accept))
 
 
 def parse_upstreams(spec: str | Mapping[str, str]) -> dict[str, str]:
@@ -69,7 +86,9 @@ def create_router_app(upstreams: Mapping[str, str], settings: ServerSettings | N
                                  transport="raw", result_format="png")
         client.specs()  # fail now, with the URL in the message, if an upstream is missing a tool
         backends.update({t: client for t in tools})
-    app = create_app(backends, settings, proxy=backends)
+    flights = SingleFlight()
+    app = create_app(backends, settings, proxy={t: SharedForward(c, flights) for t, c in backends.items()})
+    app.state.forwards = flights
     _replace_health(app, by_url, token_env)
     return app
 
@@ -109,10 +128,11 @@ def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None)
     from starlette.concurrency import run_in_threadpool
 
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
-    service = app.state.service
+    service, forwards = app.state.service, app.state.forwards
 
     @app.get("/health")
     async def health():
         report = await run_in_threadpool(upstream_health, by_url, 2.0, token_env)
-        body = {**report, "tools": sorted(service.backends), "calls": service.calls}
+        body = {**report, "tools": sorted(service.backends), "calls": service.calls,
+                "forwarded": forwards.computed, "joined_in_flight": forwards.joined}
         return JSONResponse(body, status_code=200 if report["status"] == "ok" else 503)

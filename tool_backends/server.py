@@ -2,7 +2,8 @@
 
 Endpoints (all JSON):
 
-* ``GET /health`` -- ``{"status": "ok", "tools": [...]}`` (no token needed).
+* ``GET /health`` -- ``{"status": "ok", "tools": [...], "calls", "cache_hits", "computed", ...}``
+  (no token needed; ``computed`` counts tool runs: identical calls in flight at once run once).
 * ``GET /tools`` -- ``{"tools": [OpenAI function schemas]}``.
 * ``POST /call`` -- ``{"tool", "arguments", "images": [entry | null], "context"}`` ->
   ``{"result": {"text", "error", "data", "images"}}``. A tool's refusal is a 200 with
@@ -33,6 +34,7 @@ import hmac
 import json
 import ipaddress
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -43,6 +45,7 @@ from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
 from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
+from tool_backends.single_flight import SingleFlight
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
@@ -187,6 +190,10 @@ class ToolService:
         self.result_dir = ResultDir(settings.result_dir, settings.result_dir_mb << 20) if settings.result_dir else None
         self.started = time.time()
         self.calls = 0
+        self.computed = 0
+        """Tool runs (calls that neither hit the cache nor joined an identical call in flight)."""
+        self.flights = SingleFlight()
+        self._count_lock = threading.Lock()
 
     def context(self, raw: Any) -> ToolContext:
         if raw is not None and not isinstance(raw, Mapping):
@@ -256,23 +263,29 @@ class ToolService:
         return wire
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
-        """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`)."""
+        """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`). Identical
+        calls in flight at once (a GRPO group's) share one computation (:mod:`.single_flight`)."""
         self.calls += 1
         key = None
-        if self.cache is not None and isinstance(arguments, Mapping):
+        if isinstance(arguments, Mapping):
             index = arguments.get("image_index", 0)
             if isinstance(index, int) and -len(images) <= index < len(images) and images[index] is not None:
                 key = cache_key(name, arguments, images, context)
                 if key is not None:  # clients need not send record ids: key on the whole context too
                     blob = json.dumps(context.to_dict(), sort_keys=True, default=str).encode()
                     key += "|" + hashlib.blake2b(blob, digest_size=12).hexdigest()
-        if key is not None:
+        if key is not None and self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
                 return hit
         index = self.target(name, arguments, len(images))
         if index is not None and images[index] is None:
             return ToolResult.failure(f"image {index} was not sent with the call.")
+        return self.flights.run(key, lambda: self._compute(key, name, arguments, images, context))
+
+    def _compute(self, key: str | None, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
+        with self._count_lock:
+            self.computed += 1
         try:
             result = self.backends[name].call(name, images, arguments, context)
         except ToolError as e:
@@ -280,7 +293,7 @@ class ToolService:
         except Exception as e:  # a tool bug is the model's observation, not a 500
             log.exception("tool %r crashed", name)
             result = ToolResult.failure(f"Tool {name!r} crashed: {type(e).__name__}: {e}")
-        if key is not None and result.ok:
+        if key is not None and self.cache is not None and result.ok:
             self.cache.put(key, result)
         return result
 
@@ -363,7 +376,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     async def health():
         cache = service.cache
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
-                "cache_hits": cache.hits if cache else 0, "uptime_s": round(time.time() - service.started, 1)}
+                "cache_hits": cache.hits if cache else 0, "computed": service.computed,
+                "joined_in_flight": service.flights.joined, "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
     async def tools(request: Request):

@@ -141,7 +141,8 @@ def is_under(path: str | os.PathLike, roots: Sequence[str | os.PathLike]) -> boo
 def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_pixels: int = DEFAULT_MAX_PIXELS,
                        store: ImageStore | None = None) -> Image.Image:
     """Inverse of :func:`encode_image`. A ``path`` is opened only if it lies under ``roots``;
-    a ``ref`` is looked up in ``store``; an upload is checked against its ``digest`` and stored."""
+    a ``ref`` is looked up in ``store``; an upload is checked against its ``digest`` and stored (an
+    upload whose digest the store already holds is not decoded again)."""
     if isinstance(entry, str):  # verl-tool style: a data URL or a file path
         if entry.startswith("data:image"):
             _, _, b64 = entry.partition(",")
@@ -157,8 +158,12 @@ def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_
         if image is None:
             raise UnknownImage(f"unknown image ref {str(entry['ref'])[:40]!r}: send the image itself")
         return image
-    image = _decode_payload(entry, roots, max_pixels)
     claimed = entry.get("digest")
+    if claimed is not None and store is not None:  # another client of a GRPO group sent it a moment ago:
+        known = store.get(str(claimed))              # the stored pixels were checked against that digest
+        if known is not None:
+            return known
+    image = _decode_payload(entry, roots, max_pixels)
     if claimed is not None and store is not None:
         actual = image_digest(image)
         if claimed != actual:

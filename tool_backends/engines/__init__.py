@@ -1,7 +1,8 @@
 """Engines: the model or algorithm behind a tool, chosen by the tool's ``engine=`` option.
 
 Each tool kind has one small engine interface (``segment``, ``detect``, ``classify``, ``upscale``)
-and a table of engines, imported only when built so that listing tools never loads torch.
+and a table of engines, imported only when built so that listing tools never loads torch. A model
+engine is loaded once per process and shared (:mod:`tool_backends.engines.loaded`).
 
 >>> sorted(ENGINES["segment"])
 ['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']
@@ -17,6 +18,7 @@ from typing import Any
 
 from medvqa_env.errors import ConfigError, unknown_name_message
 from medvqa_env.registry import Registry
+from tool_backends.engines.hf_common import TorchEngine
 
 _TABLES: dict[str, dict[str, str]] = {
     "segment": {
@@ -77,4 +79,10 @@ def build_engine(kind: str, name: str, **options: Any):
     registry = ENGINES.get(kind)
     if registry is None:
         raise ConfigError(unknown_name_message("engine kind", kind, ENGINES))
+    factory = registry.get(name)
+    if isinstance(factory, type) and issubclass(factory, TorchEngine):  # a model: loaded once per process
+        from tool_backends.engines.loaded import load_once
+
+        return load_once(lambda **o: registry.build(name, **o), options,
+                         f"{kind}:{name}:{factory.__module__}.{factory.__qualname__}")
     return registry.build(name, **options)

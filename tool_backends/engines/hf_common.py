@@ -88,4 +88,6 @@ class TorchEngine:
         return self.random_weights
 
     def close(self) -> None:
+        if getattr(self, "shared_by_registry", False):  # other tools use it (tool_backends.engines.loaded)
+            return
         self.model = None

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 
 from medvqa_env.errors import ConfigError
 
+from tool_backends.engines.loaded import load_once
+
 
 def trained_tool_folder(kind: str, path: str | None = None, content_hash: str | None = None,
                         dataset: str = "embedded", split: str = "train", dataset_options: Mapping[str, Any] | None = None,
@@ -58,7 +60,7 @@ def trained_grounder(path: str | None = None, content_hash: str | None = None, d
 
     folder = trained_tool_folder("ground", path, content_hash, dataset, split, dataset_options, val_options, steps,
                                  seed, device)
-    return CenterNetGrounder(model=str(folder), device=device, nms_iou=nms_iou)
+    return load_once(CenterNetGrounder, {"model": str(folder), "device": device, "nms_iou": nms_iou})
 
 
 def trained_segmenter(path: str | None = None, content_hash: str | None = None, dataset: str = "embedded",
@@ -70,7 +72,7 @@ def trained_segmenter(path: str | None = None, content_hash: str | None = None, 
 
     folder = trained_tool_folder("segment", path, content_hash, dataset, split, dataset_options, val_options, steps,
                                  seed, device)
-    return SamSegmenter(model=str(folder), device=device, mask_threshold=mask_threshold)
+    return load_once(SamSegmenter, {"model": str(folder), "device": device, "mask_threshold": mask_threshold})
 
 
 def trained_classifier(path: str | None = None, content_hash: str | None = None, dataset: str = "embedded",
@@ -85,4 +87,5 @@ def trained_classifier(path: str | None = None, content_hash: str | None = None,
     folder = trained_tool_folder("classify", path, content_hash, dataset, split, dataset_options, val_options, steps,
                                  seed, device)
     info = read_info(folder) or {}
-    return ClipClassifier(model=str(folder), device=device, template=info.get("template", "a medical image of {}"))
+    return load_once(ClipClassifier, {"model": str(folder), "device": device,
+                                      "template": info.get("template", "a medical image of {}")})

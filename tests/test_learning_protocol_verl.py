@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT / "benchmarks" / "runs" / "protocol" / "closed_verl"
+RUNS = ROOT / "benchmarks" / "runs" / "protocol" / "closed_v1_verl"
 
 
 @pytest.fixture()
@@ -27,7 +27,7 @@ def derive(monkeypatch):
 def test_the_recorded_verl_figures_are_what_the_run_files_say(derive):
     fig, _, _ = derive.verl_setting(RUNS)
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_protocol.json").read_text())["figures"]
-    mine = {f"closed.{k}": v for k, v in fig.items() if not k.startswith("verl_minus_grpo")}  # needs the native row
+    mine = {f"closed_v1.{k}": v for k, v in fig.items() if not k.startswith("verl_minus_grpo")}  # needs the native row
     for key, value in mine.items():
         assert key in recorded, key
         assert recorded[key] == (pytest.approx(value) if isinstance(value, float) else value), key
@@ -37,7 +37,7 @@ def test_an_answer_that_disagrees_with_verls_metric_fails_the_derivation(derive,
     """Flip one stored held-out verdict: the accuracy recomputed from the answers no longer matches
     the one verl logged, and the derivation says at which step instead of recording it."""
     seed = sorted(RUNS.glob("verl_s*"))[0]
-    copy = tmp_path / "closed_verl" / seed.name
+    copy = tmp_path / "closed_v1_verl" / seed.name
     shutil.copytree(seed, copy)
     path = copy / "episodes" / "episodes.jsonl.gz"
     rows = [json.loads(line) for line in gzip.open(path, "rt")]
@@ -47,7 +47,7 @@ def test_an_answer_that_disagrees_with_verls_metric_fails_the_derivation(derive,
     with gzip.open(path, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     with pytest.raises(SystemExit, match=f"step {last}: stored answers give accuracy"):
-        derive.verl_setting(tmp_path / "closed_verl")
+        derive.verl_setting(tmp_path / "closed_v1_verl")
 
 
 def test_the_row_counts_what_the_episodes_hold(derive):

@@ -45,7 +45,7 @@ from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
 from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
-from tool_backends.single_flight import SingleFlight
+from tool_backends.single_flight import ImageArrivals, SingleFlight, refs_in
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
@@ -95,6 +95,9 @@ class ServerSettings:
     and each part of a body within this of the previous one (else 408)."""
     max_connections: int = 256
     """Open connections (and requests in flight) at once; more get 503 from uvicorn."""
+    upload_wait_s: float = 2.0
+    """How long a request referring to an image another request is about to upload (a GRPO group's
+    shared image, optimistic refs) waits for it before getting its own 409; 0 disables."""
 
 
 def is_loopback(host: str) -> bool:
@@ -313,8 +316,10 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
                                   max_action_chars=settings.max_action_chars)
     app = FastAPI(title="MedVQA-Gym tool server", docs_url=None, redoc_url=None)
     gate = asyncio.Semaphore(settings.max_concurrency)
+    arrivals = ImageArrivals(settings.upload_wait_s)
     waiting = {"n": 0}
     app.state.service = service
+    app.state.arrivals = arrivals
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, read_timeout_s=settings.read_timeout_s)
 
     def authorize(request: Request) -> None:
@@ -377,7 +382,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         cache = service.cache
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
                 "cache_hits": cache.hits if cache else 0, "computed": service.computed,
-                "joined_in_flight": service.flights.joined, "uptime_s": round(time.time() - service.started, 1)}
+                "joined_in_flight": service.flights.joined,
+                "waited_for_upload": arrivals.waited, "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
     async def tools(request: Request):
@@ -410,7 +416,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not isinstance(payload, dict):
             raise HTTPException(400, "expected a JSON object")
         parts = frames_accepted(request)
-        return json_response({"result": await guarded(one_call, payload, parts)}, parts)
+        refs = refs_in(payload)
+        if refs and settings.upload_wait_s > 0:  # a group's other clients wait for the one uploading the image
+            await arrivals.wait(refs, service.store)
+        try:
+            return json_response({"result": await guarded(one_call, payload, parts)}, parts)
+        finally:
+            arrivals.settle(service.store)
 
     @app.post("/call_batch")
     async def call_batch(request: Request):

@@ -83,4 +83,60 @@ class SingleFlight:
         return flight.result
 
 
-__all__ = ["SingleFlight"]
+
+
+
+class ImageArrivals:
+    """A GRPO group's clients all refer to the shared image by digest before the server has it
+    (optimistic refs): without this each gets 409 and uploads it. The first request naming an
+    unknown digest *claims* it (it gets its 409 and its client uploads); the others naming it
+    within ``timeout_s`` wait until it is stored (then their refs resolve) or the wait times out
+    (then they get their 409 too). Runs on the server's event loop: waiting requests hold no
+    worker thread and no concurrency slot. ``settle`` is called after each request."""
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self.timeout_s = float(timeout_s)
+        self._claims: dict[str, tuple] = {}  # digest -> (asyncio.Event, claimed at)
+        self.waited = 0
+
+    async def wait(self, digests, store) -> None:
+        """Before running a call whose image refs are ``digests``: wait for those another request claimed."""
+        import asyncio
+        import time
+
+        now = time.monotonic()
+        for digest in digests:
+            if store.get(digest) is not None:
+                continue
+            claim = self._claims.get(digest)
+            if claim is None or now - claim[1] > self.timeout_s:
+                self._claims[digest] = (asyncio.Event(), now)  # this request's client uploads it
+                continue
+            self.waited += 1
+            try:
+                await asyncio.wait_for(claim[0].wait(), max(0.0, self.timeout_s - (now - claim[1])))
+            except asyncio.TimeoutError:
+                pass
+
+    def settle(self, store) -> None:
+        """Wake the waiters of every claimed digest now stored; forget expired claims."""
+        import time
+
+        now = time.monotonic()
+        for digest, (event, at) in list(self._claims.items()):
+            if store.get(digest) is not None or now - at > self.timeout_s:
+                event.set()
+                del self._claims[digest]
+
+
+def refs_in(payload) -> list[str]:
+    """The digests a ``/call`` body refers to (``{"ref": digest}`` image entries).
+
+    >>> refs_in({"images": [None, {"ref": "ab"}, {"png": "..."}]})
+    ['ab']
+    """
+    images = payload.get("images") if isinstance(payload, dict) else None
+    if not isinstance(images, list):
+        return []
+    return [str(e["ref"]) for e in images if isinstance(e, dict) and isinstance(e.get("ref"), str)]
+__all__ = ["SingleFlight", "ImageArrivals", "refs_in"]

@@ -54,7 +54,7 @@ class HeldTool(Tool):
         return ToolResult(text=f"held {arguments['label']} on a {images[0].size[0]}x{images[0].size[1]} image")
 
 
-settings = ServerSettings(max_concurrency=2 * 8)  # the whole group in the service at once (cache on, default)
+settings = ServerSettings(max_concurrency=2 * 8, upload_wait_s=30)  # the whole group in the service at once
 serve(create_app({"held": LocalBackend([HeldTool()])}, settings), port=int(sys.argv[1]))
 '''
 
@@ -110,6 +110,15 @@ def held_server(tmp_path_factory, release_dir):
 
 
 @pytest.fixture(scope="module")
+def image_on_server(held_server, release_dir):
+    """The server holds the group's image: the clients' refs resolve at once, and every call of a
+    group reaches the tool service (how the first turn's upload is shared: the last tests)."""
+    warm, threads = group_calls(held_server.url, "warm-server", n=1)
+    release(release_dir, "warm-server", threads)
+    assert warm[0].ok
+
+
+@pytest.fixture(scope="module")
 def router(start_server, held_server):
     return start_server(["router", "--upstream", f"held={held_server.url}", "--wait-s", "30"])
 
@@ -126,11 +135,14 @@ def wait_until(condition, what: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+IMAGE = Image.new("RGB", (40, 30), (120, 60, 30))
+
+
 def group_calls(url: str, label: str, n: int = GROUP, timeouts: dict[int, float] | None = None,
                 fail: bool = False, stagger: "callable | None" = None) -> tuple[list, list[threading.Thread]]:
     """Start n clients (threads, one HTTPToolBackend each) making the identical call; returns the
     list their outcomes land in (a ToolResult or the exception) and the threads."""
-    image = Image.new("RGB", (40, 30), (120, 60, 30))
+    image = IMAGE
     outcomes: list = [None] * n
 
     def client(i: int) -> None:
@@ -159,7 +171,7 @@ def release(release_dir, label: str, threads: list[threading.Thread]) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_group_of_identical_calls_computes_once_on_the_server(held_server, release_dir):
+def test_a_group_of_identical_calls_computes_once_on_the_server(held_server, release_dir, image_on_server):
     before = health(held_server.url)
     outcomes, threads = group_calls(held_server.url, "group")
     wait_until(lambda: health(held_server.url)["calls"] - before["calls"] == GROUP,
@@ -172,7 +184,7 @@ def test_a_group_of_identical_calls_computes_once_on_the_server(held_server, rel
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_computation_fails_every_waiter_with_the_same_error(held_server, release_dir):
+def test_a_failing_computation_fails_every_waiter_with_the_same_error(held_server, release_dir, image_on_server):
     before = health(held_server.url)
     outcomes, threads = group_calls(held_server.url, "broken", fail=True)
     wait_until(lambda: health(held_server.url)["calls"] - before["calls"] == GROUP, "all 8 calls are in flight")
@@ -188,7 +200,7 @@ def test_a_failing_computation_fails_every_waiter_with_the_same_error(held_serve
 
 
 @pytest.mark.timeout(120)
-def test_clients_that_give_up_do_not_cancel_the_others(held_server, release_dir):
+def test_clients_that_give_up_do_not_cancel_the_others(held_server, release_dir, image_on_server):
     """Client 0 starts the computation and client 1 joins it; both hang up (their deadline passes)
     before it ends. The other six still get its result, and it ran once."""
     before = health(held_server.url)
@@ -222,6 +234,30 @@ def test_a_group_through_the_router_reaches_the_server_once(held_server, router,
     assert server_after["calls"] - server_before["calls"] == 1  # one request reached the tool server
     assert server_after["computed"] - server_before["computed"] == 1
     assert router_after["forwarded"] - router_before["forwarded"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_group_uploads_its_new_image_once(held_server, release_dir):
+    """First turn: the server has never seen the image. One client's ref misses (409) and it
+    uploads; the other seven wait for that upload instead of uploading too, then share the result."""
+    fresh = Image.new("RGB", (40, 30), (7, 77, 177))
+    before = health(held_server.url)
+    outcomes: list = [None] * GROUP
+
+    def client(i: int) -> None:
+        backend = HTTPToolBackend(tools=["held"], url=held_server.url, timeout_s=60.0, retries=0)
+        outcomes[i] = backend.call("held", [fresh.copy()], {"label": "first turn"}, ToolContext(record_id="q-2"))
+        backend.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(GROUP)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: health(held_server.url)["waited_for_upload"] - before["waited_for_upload"] == GROUP - 1,
+               "7 clients wait for the first one's upload")
+    release(release_dir, "first turn", threads)
+    after = health(held_server.url)
+    assert [r.text for r in outcomes] == ["held first turn on a 40x30 image"] * GROUP
+    assert after["computed"] - before["computed"] == 1 and after["calls"] - before["calls"] == GROUP
 
 
 # -- the mechanism itself, in one process -----------------------------------------------------

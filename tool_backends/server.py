@@ -194,6 +194,7 @@ class ToolService:
         self.started = time.time()
         self.calls = 0
         self.computed = 0
+        self.uploads = 0  # image entries that came as bytes, not as a ``{"ref": digest}``
         """Tool runs (calls that neither hit the cache nor joined an identical call in flight)."""
         self.flights = SingleFlight()
         self._count_lock = threading.Lock()
@@ -251,8 +252,10 @@ class ToolService:
 
     def decode(self, entry: Any, budget: RequestBudget | None = None):
         image = decode_image_entry(entry, self.settings.image_roots, self.settings.max_pixels, store=self.store)
-        if budget is not None and not (isinstance(entry, Mapping) and "ref" in entry):  # a ref decodes nothing
-            budget.take_input(image)
+        if not (isinstance(entry, Mapping) and "ref" in entry):  # a ref decodes nothing
+            self.uploads += 1
+            if budget is not None:
+                budget.take_input(image)
         return image
 
     def encode(self, result: ToolResult, image_format: Any, derived_ok: Any = False,
@@ -383,19 +386,23 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
                 "cache_hits": cache.hits if cache else 0, "computed": service.computed,
                 "joined_in_flight": service.flights.joined,
-                "waited_for_upload": arrivals.waited, "uptime_s": round(time.time() - service.started, 1)}
+                "waited_for_upload": arrivals.waited, "uploads": service.uploads, "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
     async def tools(request: Request):
         authorize(request)
         return {"tools": [s.openai_schema() for s in service.specs.values()]}
 
-    def one_call(call: Any, parts: list[bytes] | None = None, budget: RequestBudget | None = None) -> dict[str, Any]:
+    def one_call(call: Any, parts: list[bytes] | None = None, budget: RequestBudget | None = None,
+                 stored=None) -> dict[str, Any]:
+        """One call, in a worker thread; ``stored()`` runs once its images are decoded (and stored)."""
         budget = budget or service.budget()
         spent = budget.take_call()
         if spent is not None:
             return service.encode(ToolResult.failure(spent), "png")
         name, arguments, images, context = service.decode_call(call, budget)
+        if stored is not None:
+            stored()
         result = budget.take_result(service.run(name, arguments, images, context))
         return service.encode(result, call.get("image_format", "png"), call.get("derived_ok", False), parts)
 
@@ -419,8 +426,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         refs = refs_in(payload)
         if refs and settings.upload_wait_s > 0:  # a group's other clients wait for the one uploading the image
             await arrivals.wait(refs, service.store)
+        loop = asyncio.get_running_loop()
+
+        def stored() -> None:  # an upload wakes the group's waiters now, not when its own call ends
+            loop.call_soon_threadsafe(arrivals.settle, service.store)
+
         try:
-            return json_response({"result": await guarded(one_call, payload, parts)}, parts)
+            return json_response({"result": await guarded(one_call, payload, parts, None, stored)}, parts)
         finally:
             arrivals.settle(service.store)
 

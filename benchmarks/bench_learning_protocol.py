@@ -107,7 +107,7 @@ def _cell(row: dict, name: str, fmt: str = ".3f") -> str:
 
 def setting(folder: Path) -> tuple[dict, str]:
     """Figures and the Markdown table of one protocol run folder."""
-    from train.protocol import choose_warm_start, recorded_args, report
+    from train.protocol import choose_warm_start, recorded_args, report, tool_hash
 
     saved = json.loads((folder / "protocol.json").read_text())
     args = recorded_args(saved["args"], folder)
@@ -138,7 +138,7 @@ def setting(folder: Path) -> tuple[dict, str]:
         fig["identity.git_dirty"] = int(bool(identity["code"]["git_dirty"]))
         for name, builds in identity["tools"].items():
             for build, tool in builds.items():
-                fig[f"identity.tools.{name}.b{build}"] = tool["sha256"][:12]
+                fig[f"identity.tools.{name}.b{build}"] = tool_hash(tool)[:12]
     lines = ["| run | seeds (tool builds) | held-out " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")
              + ": mean ± sample SD [95% CI] | per seed | distinct answers min / median / max | greedy tool calls / ep | "
              "drop, blank image (policy and tools) | drop, blank for the policy only | drop, shuffled image | "

@@ -54,6 +54,8 @@ def rerun(out: Path) -> dict:
 
 def figures_of(result: dict) -> dict:
     """The compared figures of a ``protocol.json``."""
+    from train.protocol import tool_hash
+
     fig: dict = {"beats_every_baseline": int(result["beats_every_baseline"]), "tool_builds": result["tool_builds"],
                  "questions": result["args"]["eval_size"]}
     for name in ROWS:
@@ -61,7 +63,7 @@ def figures_of(result: dict) -> dict:
         if row is not None:
             fig[f"{name}.mean"] = row["mean"]
             fig[f"{name}.seeds"] = row["seeds"]
-    fig["tools_sha256"] = ",".join(t["sha256"][:12] for builds in result["identity"]["tools"].values()
+    fig["tools_sha256"] = ",".join(tool_hash(t)[:12] for builds in result["identity"]["tools"].values()
                                    for _, t in sorted(builds.items()))
     return fig
 

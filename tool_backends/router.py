@@ -134,5 +134,6 @@ def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None)
     async def health():
         report = await run_in_threadpool(upstream_health, by_url, 2.0, token_env)
         body = {**report, "tools": sorted(service.backends), "calls": service.calls,
-                "forwarded": forwards.computed, "joined_in_flight": forwards.joined}
+                "forwarded": forwards.computed, "joined_in_flight": forwards.joined,
+                "waited_for_upload": sum(waits.waited for waits, _ in app.state.forwarded.values())}
         return JSONResponse(body, status_code=200 if report["status"] == "ok" else 503)

@@ -45,7 +45,7 @@ from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
 from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
-from tool_backends.single_flight import ImageArrivals, SingleFlight, refs_in
+from tool_backends.single_flight import ForwardedImages, ImageArrivals, SingleFlight, refs_in
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
@@ -320,6 +320,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     app = FastAPI(title="MedVQA-Gym tool server", docs_url=None, redoc_url=None)
     gate = asyncio.Semaphore(settings.max_concurrency)
     arrivals = ImageArrivals(settings.upload_wait_s)
+    forwarded: dict[str, tuple[ImageArrivals, ForwardedImages]] = {}  # router mode, per tool: its upstream's images
+    app.state.forwarded = forwarded
     waiting = {"n": 0}
     app.state.service = service
     app.state.arrivals = arrivals
@@ -412,12 +414,22 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if proxy:
             raw = await request.body()
             try:
-                name = json.loads(raw).get("tool")
+                parsed = json.loads(raw)
+                name = parsed.get("tool")
             except Exception:
                 raise HTTPException(400, "expected a JSON body") from None
             if isinstance(name, str) and name in proxy:  # forwarded under the same concurrency and queue limits
-                status, content, media_type = await guarded(proxy[name].forward, "/call", raw,
-                                                            request.headers.get("accept"))
+                refs = refs_in(parsed)
+                waits, sent = forwarded.setdefault(name, (ImageArrivals(settings.upload_wait_s), ForwardedImages()))
+                if refs and settings.upload_wait_s > 0:  # outside the gate: the upload must get a slot
+                    await waits.wait(refs, sent)
+                try:
+                    status, content, media_type = await guarded(proxy[name].forward, "/call", raw,
+                                                                request.headers.get("accept"))
+                    if status < 300:
+                        sent.add(parsed)
+                finally:
+                    waits.settle(sent)
                 return Response(content=content, status_code=status, media_type=media_type)
         payload = await body(request)
         if not isinstance(payload, dict):

@@ -209,7 +209,12 @@ def resolved_config(args: Any) -> dict[str, Any]:
     from tool_backends.identity import describe_tools
 
     config = dataclasses.asdict(args)
-    resolved = {"tools": tool_config(args.tools) if hasattr(args, "tools") else None,
+    from tool_backends.config import with_tool_options
+
+    tools = tool_config(args.tools) if hasattr(args, "tools") else None
+    if tools is not None:  # --tool-opt too: a protocol run names its tool build by seed here
+        tools = with_tool_options(tools, getattr(args, "tool_opt", None))
+    resolved = {"tools": tools,
                 "system_prompt": system_prompt_of(args) if hasattr(args, "demo_prompt") else None}
     if resolved["tools"] is not None:  # trained tools by content hash (None until built: record_settings refreshes it)
         resolved["tool_identity"] = describe_tools(resolved["tools"])

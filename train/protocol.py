@@ -49,7 +49,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from medvqa_env.cli import run_cli
 
@@ -411,21 +411,21 @@ def tool_outputs(args: Args, out: Path, build: int = 0) -> Path:
 def identity(args: Args, out: Path) -> dict[str, Any]:
     """Every artefact the report's figures depend on, named by content: the code (commit, whether
     the tree was clean, package versions), each trained tool build (its cache folder's name and
-    SHA-256), the data (SHA-256 of the train, val and held-out records used) and each warm start
+    content hash, the one its runs record: :func:`tool_backends.identity.describe_tools`), the data (SHA-256 of the train, val and held-out records used) and each warm start
     (SHA-256 of its checkpoint folder). Paths are relative; nothing names this machine."""
     from medvqa_env.config import parse_options
     from medvqa_env.datasets import load_dataset
     from medvqa_env.provenance import content_sha256, provenance, records_sha256
-    from tool_backends.finetune.cache import trained_folder
+    from tool_backends.identity import describe_tools
     from train.common import select_indices
 
     options = parse_options(args.dataset_opt, "--dataset-opt")
     tools: dict[str, Any] = {}
-    for build in builds_of(args):
-        for name, spec in trained_tools(args).items():
-            recipe = {k: spec[k] for k in ("dataset", "split", "dataset_options", "val_options", "steps") if k in spec}
-            folder = trained_folder(name, **recipe, seed=build)
-            tools.setdefault(name, {})[str(build)] = {"folder": folder.name, "sha256": content_sha256(folder)}
+    for build in builds_of(args):  # the hash every run of this build records as its tool_identity
+        described = describe_tools({name: {**spec, "seed": build} for name, spec in trained_tools(args).items()})
+        for name, desc in described.items():
+            tools.setdefault(name, {})[str(build)] = {"folder": Path(desc["path"] or "").name,
+                                                     "content_hash": desc["content_hash"]}
     data = {}
     for split, limit in (("train", None), ("val", args.val_size), ("test", args.eval_size)):
         ds = load_dataset(args.dataset, split=split, **options)
@@ -442,6 +442,12 @@ def identity(args: Args, out: Path) -> dict[str, Any]:
     code = provenance()
     return {"code": {k: code.get(k) for k in ("git_commit", "git_dirty", "package_version", "torch", "transformers")},
             "tools": tools, "data": data, "warm_starts": warm}
+
+
+def tool_hash(entry: Mapping[str, Any]) -> str:
+    """A tool build's hash in an identity block: its ``content_hash`` (records before it named the
+    folder's plain ``sha256``)."""
+    return entry.get("content_hash") or entry["sha256"]
 
 
 # ==============================================================================================

@@ -264,6 +264,34 @@ def test_a_group_uploads_its_new_image_once(held_server, release_dir):
     assert after["computed"] - before["computed"] == 1 and after["calls"] - before["calls"] == GROUP
 
 
+@pytest.mark.timeout(120)
+def test_a_group_uploads_its_new_image_once_through_a_router_with_few_slots(held_server, start_server, release_dir):
+    """First turn through a router with its default 4 slots: the group's ref requests wait at the
+    router for the one upload (outside its slots: waiting inside, they held every slot while the
+    upload queued behind them until the wait timed out), then reach the server's cached result."""
+    narrow = start_server(["router", "--upstream", f"held={held_server.url}", "--wait-s", "30"])
+    fresh = Image.new("RGB", (40, 30), (170, 17, 71))
+    server_before, router_before = health(held_server.url), health(narrow.url)
+    outcomes: list = [None] * GROUP
+
+    def client(i: int) -> None:
+        backend = HTTPToolBackend(tools=["held"], url=narrow.url, timeout_s=60.0, retries=0)
+        outcomes[i] = backend.call("held", [fresh.copy()], {"label": "narrow"}, ToolContext(record_id="q-3"))
+        backend.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(GROUP)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: health(narrow.url)["waited_for_upload"] - router_before["waited_for_upload"] == GROUP - 1
+               and health(held_server.url)["uploads"] - server_before["uploads"] == 1,
+               "7 clients wait at the router while one upload reaches the server")
+    release(release_dir, "narrow", threads)
+    server_after = health(held_server.url)
+    assert [r.text for r in outcomes] == ["held narrow on a 40x30 image"] * GROUP
+    assert server_after["uploads"] - server_before["uploads"] == 1
+    assert server_after["computed"] - server_before["computed"] == 1
+
+
 # -- the mechanism itself, in one process -----------------------------------------------------
 def test_waiters_share_the_result_and_the_flight_ends_with_it():
     flights, gate, runs = SingleFlight(), threading.Event(), []

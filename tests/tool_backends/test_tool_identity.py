@@ -321,3 +321,33 @@ def test_the_command_a_first_use_build_names_builds_the_very_tool_it_caches(tmp_
     assert command.startswith("medvqa-tools build ground ")
     assert main(shlex.split(command)[1:]) == 0  # with a progress bar, which the cached build did not show
     assert content_hash(tmp_path / "explicit") == content_hash(folder) == read_info(folder)["content_hash"]
+
+
+def test_a_run_on_tool_build_k_records_build_k_and_the_protocol_names_the_same_hash(tmp_path, monkeypatch):
+    """A protocol seed runs on build ``seed mod builds`` (``--tool-opt ground.seed=k``): its run
+    record's tool identity is build k's (not the recipe's default seed 0), and the protocol's
+    identity block names the same hash as the runs of that build."""
+    from dataclasses import dataclass, field
+
+    from tool_backends.finetune.cache import trained_folder
+    from train import protocol
+    from train.common import write_run_record
+
+    monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path / "cache"))
+    builds = [content_hash(trained_folder("ground", **SMALL, seed=k, progress=False)) for k in (0, 1)]
+    assert builds[0] != builds[1]
+    spec = json.dumps({"ground": {"engine": "trained", **SMALL}})
+
+    @dataclass
+    class Args:  # the fields write_run_record reads
+        tools: object
+        tool_opt: list = field(default_factory=list)
+
+    (tmp_path / "run_s1").mkdir()
+    record = write_run_record(tmp_path / "run_s1", Args(spec, ["ground.seed=1"]), None)
+    assert record["resolved"]["tools"]["ground"]["seed"] == 1
+    assert record["resolved"]["tool_identity"]["ground"]["content_hash"] == builds[1]
+
+    args = protocol.Args(tools=spec, seeds="0,1", tool_builds=2, dataset_opt=["n=60"], val_size=8, eval_size=8)
+    named = protocol.identity(args, tmp_path / "protocol")["tools"]["ground"]
+    assert [protocol.tool_hash(named[str(k)]) for k in (0, 1)] == builds

@@ -47,7 +47,7 @@ TARGETS: dict[str, list[str]] = {
     "rewards/shaping.py": ["tests/rewards/test_shaping.py", "tests/rewards/test_shaping_edges.py"],
     "medvqa_env/parser.py": ["tests/medvqa_env/test_parser.py", "tests/medvqa_env/test_tool_call_names.py"],
     "eval/metrics.py": ["tests/eval/test_eval_metrics.py", "tests/eval/test_bootstrap_interval.py"],
-    "eval/scoring.py": ["tests/eval/test_eval_metrics.py"],
+    "eval/scoring.py": ["tests/eval/test_scoring.py"],
     "train/algorithms.py": ["tests/train/test_algorithms.py"],
     "train/protocol.py": ["tests/train/test_protocol.py", "tests/train/test_protocol_verdict.py"],
 }

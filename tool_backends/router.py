@@ -28,10 +28,13 @@ class SharedForward:
     def __init__(self, client: HTTPToolBackend, flights: SingleFlight) -> None:
         self.client, self.flights = client, flights
 
-    def forward(self, path: str, body: bytes, accept: str | None = None) -> tuple[int, bytes, str]:
+    def key(self, path: str, body: bytes, accept: str | None) -> bytes:
         h = hashlib.blake2b(body, digest_size=16)
         h.update(f"|{path}|{accept}|{self.client.url}".encode())
-        return self.flights.run(h.digest(), lambda: self.client.forward(path, body, accept))
+        return h.digest()
+
+    def forward(self, path: str, body: bytes, accept: str | None = None) -> tuple[int, bytes, str]:
+        return self.flights.run(self.key(path, body, accept), lambda: self.client.forward(path, body, accept))
 
 
 def parse_upstreams(spec: str | Mapping[str, str]) -> dict[str, str]:
@@ -134,6 +137,7 @@ def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None)
     async def health():
         report = await run_in_threadpool(upstream_health, by_url, 2.0, token_env)
         body = {**report, "tools": sorted(service.backends), "calls": service.calls,
-                "forwarded": forwards.computed, "joined_in_flight": forwards.joined,
+                "forwarded": forwards.computed,
+                "joined_in_flight": forwards.joined + app.state.forwarding.joined,
                 "waited_for_upload": sum(waits.waited for waits, _ in app.state.forwarded.values())}
         return JSONResponse(body, status_code=200 if report["status"] == "ok" else 503)

@@ -45,7 +45,7 @@ from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
 from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
-from tool_backends.single_flight import ForwardedImages, ImageArrivals, SingleFlight, refs_in
+from tool_backends.single_flight import AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
@@ -322,6 +322,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     arrivals = ImageArrivals(settings.upload_wait_s)
     forwarded: dict[str, tuple[ImageArrivals, ForwardedImages]] = {}  # router mode, per tool: its upstream's images
     app.state.forwarded = forwarded
+    forwarding = app.state.forwarding = AsyncSingleFlight()  # router mode: identical /call bodies in flight
     waiting = {"n": 0}
     app.state.service = service
     app.state.arrivals = arrivals
@@ -419,17 +420,14 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             except Exception:
                 raise HTTPException(400, "expected a JSON body") from None
             if isinstance(name, str) and name in proxy:  # forwarded under the same concurrency and queue limits
-                refs = refs_in(parsed)
+                refs, accept = refs_in(parsed), request.headers.get("accept")
                 waits, sent = forwarded.setdefault(name, (ImageArrivals(settings.upload_wait_s), ForwardedImages()))
                 if refs and settings.upload_wait_s > 0:  # outside the gate: the upload must get a slot
                     await waits.wait(refs, sent)
-                try:
-                    status, content, media_type = await guarded(proxy[name].forward, "/call", raw,
-                                                                request.headers.get("accept"))
-                    if status < 300:
-                        sent.add(parsed)
-                finally:
+                if sent.add(parsed):  # an upload: its group's refs go on now (upstream, they meet it)
                     waits.settle(sent)
+                status, content, media_type = await forwarding.run(  # joining one in flight holds no slot
+                    proxy[name].key("/call", raw, accept), lambda: guarded(proxy[name].forward, "/call", raw, accept))
                 return Response(content=content, status_code=status, media_type=media_type)
         payload = await body(request)
         if not isinstance(payload, dict):

@@ -86,6 +86,32 @@ class SingleFlight:
 
 
 
+class AsyncSingleFlight:
+    """:class:`SingleFlight` on an event loop, for a caller that must first take a slot: the
+    router's identical requests join the one in flight *before* its concurrency gate, holding no
+    slot and no thread (joining after it, a group's calls filled every slot and the rest queued for
+    the flight to end). The computation is a task: a caller that is cancelled (its client went
+    away) leaves it running for the others, and its error reaches each of them."""
+
+    def __init__(self) -> None:
+        self._tasks: dict = {}
+        self.computed = 0
+        self.joined = 0
+
+    async def run(self, key, start):
+        """The result of ``start()``'s coroutine, or of the one already running under ``key``."""
+        import asyncio
+
+        task = self._tasks.get(key)
+        if task is None:
+            self.computed += 1
+            task = self._tasks[key] = asyncio.ensure_future(start())
+            task.add_done_callback(lambda _t, k=key: self._tasks.pop(k, None))
+        else:
+            self.joined += 1
+        return await asyncio.shield(task)
+
+
 class ImageArrivals:
     """A GRPO group's clients all refer to the shared image by digest before the server has it
     (optimistic refs): without this each gets 409 and uploads it. The first request naming an
@@ -130,11 +156,13 @@ class ImageArrivals:
 
 
 class ForwardedImages:
-    """The router's view of its upstreams' image stores: digests of images it has forwarded (as
-    bytes, in a request that succeeded) -- a hint for :class:`ImageArrivals` (the same ``get``), so
-    a group's ref requests wait for the one upload *before* taking a router slot (waiting inside,
-    they would hold every slot while the upload queued behind them). A digest the upstream has
-    since evicted costs that request a 409 and an upload, as without the router."""
+    """The router's view of its upstreams' image stores: digests of images it has forwarded as
+    bytes (from the moment it starts forwarding them) -- a hint for :class:`ImageArrivals` (the
+    same ``get``), so a group's ref requests wait for the one upload *before* taking a router slot
+    (waiting inside, they would hold every slot while the upload queued behind them), then go on
+    while it is in flight (the upstream server makes them wait for it and join its computation).
+    A digest the upstream never stored or has since evicted costs that request a 409 and an
+    upload, as without the router."""
 
     def __init__(self, max_digests: int = 4096) -> None:
         from collections import OrderedDict
@@ -145,15 +173,18 @@ class ForwardedImages:
     def get(self, digest: str) -> bool | None:
         return self._digests.get(digest)
 
-    def add(self, payload) -> None:
-        """Remember the digests of the images ``payload`` (a ``/call`` body) carried as bytes."""
+    def add(self, payload) -> bool:
+        """Remember the digests of the images ``payload`` (a ``/call`` body) carries as bytes;
+        whether it carries any."""
         images = payload.get("images") if isinstance(payload, dict) else None
+        added = False
         for entry in images if isinstance(images, list) else ():
             if isinstance(entry, dict) and "ref" not in entry and isinstance(entry.get("digest"), str):
-                self._digests[entry["digest"]] = True
+                self._digests[entry["digest"]] = added = True
                 self._digests.move_to_end(entry["digest"])
         while len(self._digests) > self.max_digests:
             self._digests.popitem(last=False)
+        return added
 
 
 def refs_in(payload) -> list[str]:
@@ -168,4 +199,4 @@ def refs_in(payload) -> list[str]:
     return [str(e["ref"]) for e in images if isinstance(e, dict) and isinstance(e.get("ref"), str)]
 
 
-__all__ = ["SingleFlight", "ImageArrivals", "ForwardedImages", "refs_in"]
+__all__ = ["SingleFlight", "AsyncSingleFlight", "ImageArrivals", "ForwardedImages", "refs_in"]

@@ -268,7 +268,8 @@ def test_a_group_uploads_its_new_image_once(held_server, release_dir):
 def test_a_group_uploads_its_new_image_once_through_a_router_with_few_slots(held_server, start_server, release_dir):
     """First turn through a router with its default 4 slots: the group's ref requests wait at the
     router for the one upload (outside its slots: waiting inside, they held every slot while the
-    upload queued behind them until the wait timed out), then reach the server's cached result."""
+    upload queued behind them until the wait timed out), then join its computation: at the router
+    (an identical request in flight, joined without a slot) or at the server."""
     narrow = start_server(["router", "--upstream", f"held={held_server.url}", "--wait-s", "30"])
     fresh = Image.new("RGB", (40, 30), (170, 17, 71))
     server_before, router_before = health(held_server.url), health(narrow.url)
@@ -282,9 +283,9 @@ def test_a_group_uploads_its_new_image_once_through_a_router_with_few_slots(held
     threads = [threading.Thread(target=client, args=(i,)) for i in range(GROUP)]
     for t in threads:
         t.start()
-    wait_until(lambda: health(narrow.url)["waited_for_upload"] - router_before["waited_for_upload"] == GROUP - 1
-               and health(held_server.url)["uploads"] - server_before["uploads"] == 1,
-               "7 clients wait at the router while one upload reaches the server")
+    joined = lambda: (health(narrow.url)["joined_in_flight"] - router_before["joined_in_flight"]  # noqa: E731
+                      + health(held_server.url)["joined_in_flight"] - server_before["joined_in_flight"])
+    wait_until(lambda: joined() == GROUP - 1, "7 calls join the one upload's computation", timeout_s=15)
     release(release_dir, "narrow", threads)
     server_after = health(held_server.url)
     assert [r.text for r in outcomes] == ["held narrow on a 40x30 image"] * GROUP

@@ -47,14 +47,15 @@ def test_tool_stats_count_calls_per_tool_and_separate_malformed_invalid_and_fail
          "tool_calls": [{"name": "zoom", "error": None, "invalid": False},
                         {"name": "zoom", "error": "Unknown tool.", "invalid": True}]},
         {"parsed": None, "tool_calls": [{"name": "segment", "error": "timed out", "invalid": False},
-                                        {"name": 7, "invalid": False}]},
+                                        {"name": 7, "invalid": False},
+                                        {"name": "segment", "error": "crashed", "invalid": False}]},
         {"tool_calls": None},
         {},
     ]
     s = tool_stats(trace)
     assert s["malformed"] == 3  # the three parse errors of a block; not the answer's, not "not run"
-    assert s["calls"] == 4 and s["by_tool"] == {"zoom": 2, "segment": 1, "7": 1}
-    assert s["invalid"] == 3 + 1 and s["errors"] == 1  # an invalid call's error is not a tool failure
+    assert s["calls"] == 5 and s["by_tool"] == {"zoom": 2, "segment": 2, "7": 1}
+    assert s["invalid"] == 3 + 1 and s["errors"] == 2  # an invalid call's error is not a tool failure
 
 
 def test_tool_stats_of_an_episode_without_tools_are_zero():
@@ -94,9 +95,11 @@ def test_alternatives_count_for_correct_and_exact_match_and_are_listed():
     rec = record("lung", "OPEN", metadata={"answer_alternatives": ["lungs", "pulmonary"]})
     s = score_episode(rec, "pulmonary", True)
     assert s["correct"] is True and s["exact_match"] is True and s["references"] == ["lung", "lungs", "pulmonary"]
-    closed = record("yes", "CLOSED", metadata={"answer_alternatives": ["present"]})
-    assert score_episode(closed, "present", True)["correct"] is True
-    assert score_episode(closed, "absent", True)["correct"] is False
+    one = score_episode(record("lung", "OPEN", metadata={"answer_alternatives": ["lungs"]}), "lungs", True)
+    assert one["references"] == ["lung", "lungs"] and one["correct"] is True
+    side = record("left", "CLOSED", metadata={"answer_alternatives": ["left side"]})
+    assert score_episode(side, "left side", True)["correct"] is True  # by the alternative only
+    assert score_episode(side, "right", True)["correct"] is False
 
 
 # -- the open metrics' combination (the metric functions themselves are the rewards') --------
@@ -146,10 +149,10 @@ def test_a_reference_the_encoders_cannot_read_averages_only_the_lexical_metrics(
 
 
 def test_open_metrics_are_clipped_at_one_and_rounded_to_what_float32_holds():
-    fixed = FixedScores({("a", "a"): (1.0, 1.0, 1.00000003, 0.1234567891)})
+    fixed = FixedScores({("a", "a"): (1.0, 1.5, 1.00000003, 0.1234567891)})
     (row,) = open_metrics(fixed)(["a"], ["a"])
-    assert row["bertscore"] == 1.0 and row["cossim"] == 0.123457
-    assert row["armed_avg"] == round((1.0 + 1.0 + 1.0 + 0.1234567891) / 4, 6)
+    assert row["rouge1"] == 1.0 and row["bertscore"] == 1.0 and row["cossim"] == 0.123457
+    assert row["armed_avg"] == round((1.0 + 1.5 + 1.00000003 + 0.1234567891) / 4, 6)
 
 
 def test_open_metrics_refuse_mismatched_lengths_and_return_nothing_for_nothing():

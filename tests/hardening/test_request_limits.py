@@ -150,17 +150,19 @@ def test_a_fifo_mask_path_does_not_block_a_worker(server_factory, tmp_path):
 
 def test_the_routers_call_obeys_its_concurrency_and_queue(server_factory):
     """``/call`` through the router forwarded without the gate: a stalled upstream collected every
-    request. Now one runs, one waits, the rest get 503 at once."""
+    request. Now one runs, one waits, the rest get 503 at once. (The calls differ: identical ones
+    join the one in flight and share its answer, tests/tool_backends/test_single_flight.py.)"""
     upstream = server_factory("serve", ["--tools", "image_zoom_in"])
     router = server_factory("router", ["--upstream", f"image_zoom_in={upstream.url}", "--max-concurrency", "1",
                                        "--max-queue", "1", "--timeout-s", "1"])
     upstream.stall()
     statuses = []
 
-    def one():
-        statuses.append(httpx.post(router.url + "/call", json=zoom([encode_image(GOOD)]), timeout=30).status_code)
+    def one(i: int):
+        body = zoom([encode_image(GOOD)], bbox=(0, 0, 32 + i, 32))
+        statuses.append(httpx.post(router.url + "/call", json=body, timeout=30).status_code)
 
-    threads = [threading.Thread(target=one) for _ in range(5)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
     try:
         for t in threads:
             t.start()

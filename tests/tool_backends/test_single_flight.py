@@ -140,17 +140,17 @@ IMAGE = Image.new("RGB", (40, 30), (120, 60, 30))
 
 
 def group_calls(url: str, label: str, n: int = GROUP, timeouts: dict[int, float] | None = None,
-                fail: bool = False, stagger: "callable | None" = None) -> tuple[list, list[threading.Thread]]:
+                fail: bool = False, stagger: "callable | None" = None, image: Image.Image = IMAGE,
+                record_id: str = "q-1") -> tuple[list, list[threading.Thread]]:
     """Start n clients (threads, one HTTPToolBackend each) making the identical call; returns the
     list their outcomes land in (a ToolResult or the exception) and the threads."""
-    image = IMAGE
     outcomes: list = [None] * n
 
     def client(i: int) -> None:
         backend = HTTPToolBackend(tools=["held"], url=url, timeout_s=(timeouts or {}).get(i, 60.0), retries=0)
         try:
             outcomes[i] = backend.call("held", [image.copy()], {"label": label, "fail": fail},
-                                       ToolContext(record_id="q-1", question="same question"))
+                                       ToolContext(record_id=record_id, question="same question"))
         except ToolBackendError as e:
             outcomes[i] = e
         finally:
@@ -244,16 +244,7 @@ def test_a_group_uploads_its_new_image_once(held_server, release_dir):
     find the image stored), then share the result. Counted by the server: image bytes received."""
     fresh = Image.new("RGB", (40, 30), (7, 77, 177))
     before = health(held_server.url)
-    outcomes: list = [None] * GROUP
-
-    def client(i: int) -> None:
-        backend = HTTPToolBackend(tools=["held"], url=held_server.url, timeout_s=60.0, retries=0)
-        outcomes[i] = backend.call("held", [fresh.copy()], {"label": "first turn"}, ToolContext(record_id="q-2"))
-        backend.close()
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(GROUP)]
-    for t in threads:
-        t.start()
+    outcomes, threads = group_calls(held_server.url, "first turn", image=fresh, record_id="q-2")
     # within half the server's upload wait: the upload wakes the waiters, not the end of its call
     wait_until(lambda: health(held_server.url)["calls"] - before["calls"] == GROUP,
                "all 8 calls are in the server's tool service", timeout_s=15)
@@ -273,16 +264,7 @@ def test_a_group_uploads_its_new_image_once_through_a_router_with_few_slots(held
     narrow = start_server(["router", "--upstream", f"held={held_server.url}", "--wait-s", "30"])
     fresh = Image.new("RGB", (40, 30), (170, 17, 71))
     server_before, router_before = health(held_server.url), health(narrow.url)
-    outcomes: list = [None] * GROUP
-
-    def client(i: int) -> None:
-        backend = HTTPToolBackend(tools=["held"], url=narrow.url, timeout_s=60.0, retries=0)
-        outcomes[i] = backend.call("held", [fresh.copy()], {"label": "narrow"}, ToolContext(record_id="q-3"))
-        backend.close()
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(GROUP)]
-    for t in threads:
-        t.start()
+    outcomes, threads = group_calls(narrow.url, "narrow", image=fresh, record_id="q-3")
     joined = lambda: (health(narrow.url)["joined_in_flight"] - router_before["joined_in_flight"]  # noqa: E731
                       + health(held_server.url)["joined_in_flight"] - server_before["joined_in_flight"])
     wait_until(lambda: joined() == GROUP - 1, "7 calls join the one upload's computation", timeout_s=15)

@@ -5,7 +5,8 @@ It is a tool server whose backends are :class:`HTTPToolBackend` clients, one per
 ``/get_observation`` parses each turn and dispatches every call by tool name; ``/tools`` lists the
 union of the upstreams' tools; ``/health`` asks every upstream and says ``degraded`` (503) when one
 is down. Identical ``/call`` requests in flight at once (a GRPO group's) are forwarded once and
-share the upstream's answer (:class:`SharedForward`).
+share the upstream's answer: the server's event loop joins them before its concurrency gate
+(:class:`tool_backends.single_flight.AsyncSingleFlight`), keyed by :meth:`Upstream.key`.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from typing import Any, Mapping
 from medvqa_env.errors import ConfigError
 from tool_backends.http_client import HTTPToolBackend
 from tool_backends.server import ServerSettings, create_app
-from tool_backends.single_flight import SingleFlight
 
 
-class SharedForward:
-    """An upstream client whose :meth:`forward` sends identical requests in flight at once only
-    once: the callers share its (status, body, media type), an upstream error included. The key is
-    the whole request (path, accepted formats, body: tool, arguments, image refs or bytes, context)."""
+class Upstream:
+    """One upstream server as the router's ``/call`` sees it: :meth:`forward` sends a body
+    unchanged and returns (status, body, media type); :meth:`key` names a request for sharing --
+    the whole request (path, accepted formats, body: tool, arguments, image refs or bytes,
+    context) and the upstream, so only identical requests to one server share an answer."""
 
-    def __init__(self, client: HTTPToolBackend, flights: SingleFlight) -> None:
-        self.client, self.flights = client, flights
+    def __init__(self, client: HTTPToolBackend) -> None:
+        self.client = client
 
     def key(self, path: str, body: bytes, accept: str | None) -> bytes:
         h = hashlib.blake2b(body, digest_size=16)
@@ -34,7 +35,7 @@ class SharedForward:
         return h.digest()
 
     def forward(self, path: str, body: bytes, accept: str | None = None) -> tuple[int, bytes, str]:
-        return self.flights.run(self.key(path, body, accept), lambda: self.client.forward(path, body, accept))
+        return self.client.forward(path, body, accept)
 
 
 def parse_upstreams(spec: str | Mapping[str, str]) -> dict[str, str]:
@@ -89,9 +90,8 @@ def create_router_app(upstreams: Mapping[str, str], settings: ServerSettings | N
                                  transport="raw", result_format="png")
         client.specs()  # fail now, with the URL in the message, if an upstream is missing a tool
         backends.update({t: client for t in tools})
-    flights = SingleFlight()
-    app = create_app(backends, settings, proxy={t: SharedForward(c, flights) for t, c in backends.items()})
-    app.state.forwards = flights
+    upstreams_of = {url: Upstream(backends[tools[0]]) for url, tools in by_url.items()}
+    app = create_app(backends, settings, proxy={t: upstreams_of[url] for url, tools in by_url.items() for t in tools})
     _replace_health(app, by_url, token_env)
     return app
 
@@ -131,13 +131,13 @@ def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None)
     from starlette.concurrency import run_in_threadpool
 
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
-    service, forwards = app.state.service, app.state.forwards
+    service, forwarding = app.state.service, app.state.forwarding
 
     @app.get("/health")
     async def health():
         report = await run_in_threadpool(upstream_health, by_url, 2.0, token_env)
         body = {**report, "tools": sorted(service.backends), "calls": service.calls,
-                "forwarded": forwards.computed,
-                "joined_in_flight": forwards.joined + app.state.forwarding.joined,
+                "forwarded": forwarding.computed,
+                "joined_in_flight": forwarding.joined,
                 "waited_for_upload": sum(waits.waited for waits, _ in app.state.forwarded.values())}
         return JSONResponse(body, status_code=200 if report["status"] == "ok" else 503)

@@ -68,7 +68,8 @@ def evaluate_policy(args: Args) -> dict[str, Any]:
     import torch
 
     from medvqa_env.pool import EnvPool
-    from train.common import build_policy, evaluate_ablations, evaluate_heldout, run_env_kwargs, select_indices
+    from train.common import (build_policy, evaluate_ablations, evaluate_heldout, resolved_config, run_env_kwargs,
+                              select_indices)
 
     torch.set_num_threads(args.torch_threads)
     out = Path(args.out)
@@ -86,8 +87,10 @@ def evaluate_policy(args: Args) -> dict[str, Any]:
     finally:
         pool.close()
     metrics.update(evaluate_ablations(model, encoder, args, indices, answers, None))
+    record = resolved_config(args)  # the tools it ran with by content hash (built by now), the commit, versions
     result = {"policy": str(args.policy), "kind": kind, "split": args.split, "questions": len(indices),
-              "metrics": metrics, "answers": answers.name, "wall_s": time.perf_counter() - start}
+              "metrics": metrics, "answers": answers.name, "wall_s": time.perf_counter() - start,
+              "tool_identity": record["resolved"].get("tool_identity"), "provenance": record["provenance"]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result

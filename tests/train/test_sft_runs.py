@@ -136,3 +136,17 @@ def test_a_run_ends_with_its_heldout_figures_checkpoint_and_eval_command(runs, c
     assert f"checkpoint: {runs / 'whole' / 'final'}" in out
     assert (f"python -m eval.run --agent vlm --agent-opt model={runs / 'whole' / 'final'} --agent-opt max_new_tokens=4 "
             "--agent-opt temperature=0 --dataset embedded --split test --answer-types CLOSED --limit 2") in out
+
+
+def test_a_saved_policy_evaluated_by_train_evaluate_records_its_tools_and_commit(runs, tmp_path):
+    """``train.evaluate`` (the protocol's warm-start test figure) names what the figure depends on:
+    each tool by its engine (a trained one by content hash) and the code by commit and versions."""
+    from train import evaluate
+
+    out = tmp_path / "eval.json"
+    evaluate.main(["--policy", str(runs / "whole" / "final"), "--out", str(out), "--answer-types", "CLOSED",
+                   "--eval-size", "2", "--max-new-tokens", "4", "--tools", "ground=oracle"])
+    record = json.loads(out.read_text())
+    assert record["questions"] == 2 and "eval/accuracy" in record["metrics"]
+    assert record["tool_identity"]["ground"]["engine"] == "oracle"
+    assert record["provenance"]["torch"] == torch.__version__ and "git_commit" in record["provenance"]

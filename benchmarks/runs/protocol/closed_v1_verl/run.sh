@@ -111,13 +111,17 @@ for seed in $SEEDS; do
 done
 
 # 4. the small files (no weights) for the record
+portable() {  # a record holds no absolute path of this machine: the checkout -> relative, /tmp -> <scratch>
+  sed -e "s|$PWD/||g" -e "s|: $PWD\$|: .|" -e "s|/tmp/|<scratch>/|g" "$1"
+}
 cp "$B/policy/medvqa_widened.json" "$B/policy/config.json" "$D/" 2>/dev/null || true
 mv "$D/config.json" "$D/policy_config.json"
 for seed in $SEEDS; do
   out=$B/verl_s$seed
   rm -rf "${D:?}/verl_s$seed"
   mkdir -p "$D/verl_s$seed/episodes"
-  cp "$out/metrics.jsonl" "$out/verl_config.yaml" "$out/cpu.json" "$D/verl_s$seed/"
+  cp "$out/metrics.jsonl" "$out/cpu.json" "$D/verl_s$seed/"
+  portable "$out/verl_config.yaml" > "$D/verl_s$seed/verl_config.yaml"
   cat "$out"/episodes/*.jsonl | gzip -n > "$D/verl_s$seed/episodes/episodes.jsonl.gz"
   grep -v -E 'it/s\]|s/it\]' "$out/launch.log" | tail -400 > "$D/verl_s$seed/launch.log.tail"
 done

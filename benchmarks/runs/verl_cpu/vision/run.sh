@@ -13,11 +13,15 @@ D=benchmarks/runs/verl_cpu/vision
 rm -rf "$B"
 /usr/bin/time -f %U_user_%S_sys_%e_wall .venv-verl/bin/python -m pytest -p no:cacheprovider -q \
     tests/train/test_verl_trainer_cpu.py --basetemp "$B" 2>&1 | tee "$D/pytest.log"
+portable() {  # a record holds no absolute path of this machine: the checkout -> relative, /tmp -> <scratch>
+  sed -e "s|$PWD/||g" -e "s|: $PWD\$|: .|" -e "s|/tmp/|<scratch>/|g" "$1"
+}
 mkdir -p "$D/sft"
 cp "$B/verl_policy0/sft/metrics.jsonl" "$D/sft/metrics.jsonl"
 for run in scripted own_calls; do
   rm -rf "${D:?}/$run"
   mkdir -p "$D/$run"
-  cp "$B/verl_${run}0/metrics.jsonl" "$B/verl_${run}0/verl_config.yaml" "$D/$run/"
+  cp "$B/verl_${run}0/metrics.jsonl" "$D/$run/"
+  portable "$B/verl_${run}0/verl_config.yaml" > "$D/$run/verl_config.yaml"
   cp -r "$B/verl_${run}0/episodes" "$B/verl_${run}0/vision" "$D/$run/"
 done

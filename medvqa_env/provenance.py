@@ -36,6 +36,32 @@ def provenance() -> dict[str, Any]:
             out[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:
             out[lib] = None
+    out["machine"] = machine()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """The CPU a record was made on: float kernels differ between CPUs (AVX2 vs AVX-512), so two
+    machines can train a recipe to different bits; a record names which one it came from.
+    ``torch_cpu_capability`` only where torch is already imported (never imported for this)."""
+    import os
+    import platform
+    import sys
+
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    out: dict[str, Any] = {"cpu": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                           "system": platform.system()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        except Exception:  # an old torch: no such query
+            pass
     return out
 
 

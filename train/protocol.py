@@ -440,7 +440,7 @@ def identity(args: Args, out: Path) -> dict[str, Any]:
             if folder.is_dir():
                 warm[str(build)] = {"checkpoint": choice["checkpoint"], "sha256": content_sha256(folder)}
     code = provenance()
-    return {"code": {k: code.get(k) for k in ("git_commit", "git_dirty", "package_version", "torch", "transformers")},
+    return {"code": {k: code.get(k) for k in ("git_commit", "git_dirty", "package_version", "torch", "transformers", "machine")},
             "tools": tools, "data": data, "warm_starts": warm}
 
 

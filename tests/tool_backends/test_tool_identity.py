@@ -8,6 +8,7 @@ Every build here is tiny (a dozen images, a few steps: about a CPU second each).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -208,6 +209,8 @@ def test_run_provenance_names_commit_and_package_versions():
     assert prov["gymnasium"] == gymnasium.__version__ and prov["numpy"] == numpy.__version__
     assert prov["torch"] == torch.__version__.split("+")[0] or prov["torch"] == torch.__version__
     assert {"git_commit", "git_dirty", "package_version", "transformers"} <= set(prov)
+    assert prov["machine"]["cores"] == os.cpu_count() and prov["machine"]["cpu"]
+    assert prov["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def _with_threads(folder, tmp_path, threads):

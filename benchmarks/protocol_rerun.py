@@ -1,0 +1,119 @@
+"""How far a rerun of the learning protocol lands from the record it replaces, run by run.
+
+``python -m train.protocol`` rerun from a clean commit (docs/training.md) replaces a committed
+record (``benchmarks/runs/protocol/<setting>``). This compares the two: the earlier one read from a
+git revision that holds it, the new one from the working tree. For every run folder (warm starts,
+GRPO seeds, baselines): whether its stored held-out answers are the same, whether its logged
+trajectory is the same (timings and tool latencies left out), and its final held-out figure in each.
+
+    python benchmarks/protocol_rerun.py --old-rev 41f55e8 --setting closed
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project (medvqa_env.cli) when run as a script
+
+from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
+
+from figures import ROOT, command_line, record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
+
+VARIES = ("time/", "tools/latency")  # measured, not learned: a rerun's own
+
+
+def read(rev: str | None, path: str) -> bytes | None:
+    """``path`` (repository-relative) at git revision ``rev``, or in the working tree (``rev`` None)."""
+    if rev is None:
+        file = ROOT / path
+        return file.read_bytes() if file.is_file() else None
+    done = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+def answers(blob: bytes | None) -> list[str] | None:
+    return None if blob is None else gzip.decompress(blob).decode().splitlines()
+
+
+def trajectory(blob: bytes | None) -> list[dict] | None:
+    if blob is None:
+        return None
+    rows = [json.loads(line) for line in blob.decode().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if not k.startswith(VARIES)} for r in rows]
+
+
+def final(rows: list[dict] | None, eval_file: bytes | None, metric: str) -> float | None:
+    if eval_file is not None:
+        return json.loads(eval_file)["metrics"].get(metric)
+    held = [r[metric] for r in rows or () if metric in r]
+    return held[-1] if held else None
+
+
+def compare(old_rev: str, folder: str, metric: str) -> dict[str, dict]:
+    runs = sorted(p.name for p in (ROOT / folder).iterdir() if p.is_dir())
+    out = {}
+    for run in runs:
+        base = f"{folder}/{run}"
+        sides = {}
+        for side, rev in (("old", old_rev), ("new", None)):
+            stored = read(rev, f"{base}/heldout_answers.jsonl.gz") or read(rev, f"{base}/eval.answers.jsonl.gz")
+            rows = trajectory(read(rev, f"{base}/metrics.jsonl"))
+            sides[side] = {"answers": answers(stored), "rows": rows,
+                           "final": final(rows, read(rev, f"{base}/eval.json"), metric)}
+        old, new = sides["old"], sides["new"]
+        if old["answers"] is None and old["final"] is None:
+            continue  # a folder the earlier record did not have
+        changed = sum(a != b for a, b in zip(old["answers"] or [], new["answers"] or []))
+        out[run] = {"old": old["final"], "new": new["final"], "same_answers": old["answers"] == new["answers"],
+                    "answer_rows_changed": changed, "same_trajectory": old["rows"] == new["rows"]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--old-rev", required=True, help="a git revision holding the earlier record")
+    p.add_argument("--setting", default="closed", help="benchmarks/runs/protocol/<setting>")
+    p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
+    a = p.parse_args(argv)
+    folder = f"benchmarks/runs/protocol/{a.setting}"
+    identity = {side: json.loads(read(rev, f"{folder}/protocol.json"))["identity"]["code"]
+                for side, rev in (("old", a.old_rev), ("new", None))}
+    metric = json.loads(read(None, f"{folder}/protocol.json"))["metric"]
+    runs = compare(a.old_rev, folder, metric)
+    grpo = {side: [r[side] for name, r in runs.items() if name.startswith("grpo_s")] for side in ("old", "new")}
+    fig = {"old_commit": identity["old"]["git_commit"], "new_commit": identity["new"]["git_commit"],
+           "runs": len(runs), "same_answers": sum(r["same_answers"] for r in runs.values()),
+           "same_trajectory": sum(r["same_trajectory"] for r in runs.values()),
+           "same_final": sum(r["old"] == r["new"] for r in runs.values()),
+           "grpo.runs": len(grpo["new"]), "grpo.same_final": sum(o == n for o, n in zip(grpo["old"], grpo["new"])),
+           "grpo.same_trajectory": sum(r["same_trajectory"] for n, r in runs.items() if n.startswith("grpo_s")),
+           "grpo.old_mean": statistics.mean(grpo["old"]), "grpo.new_mean": statistics.mean(grpo["new"]),
+           "grpo.mean_shift": statistics.mean(grpo["new"]) - statistics.mean(grpo["old"]),
+           "grpo.largest_shift": max(abs(n - o) for o, n in zip(grpo["old"], grpo["new"]))}
+    fig.update({f"run.{name}.{k}": r[k] for name, r in runs.items() for k in ("old", "new", "answer_rows_changed")
+                if r[k] is not None})
+    lines = [f"## A rerun of the {a.setting.upper()} protocol against the record it replaces "
+             "(`benchmarks/protocol_rerun.py`)", "",
+             f"Earlier record: commit `{fig['old_commit'][:10]}` (read from git `{a.old_rev}`); rerun: commit "
+             f"`{fig['new_commit'][:10]}`. Same answers: every stored held-out answer row identical; same "
+             "trajectory: every logged figure identical but timings.", "",
+             f"| run | {metric} before | after | same answers | answer rows changed | same trajectory |",
+             "|---|---:|---:|---|---:|---|"]
+    shown = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731  (answer_baselines: answers, no figure)
+    for name, r in runs.items():
+        lines.append(f"| {name} | {shown(r['old'])} | {shown(r['new'])} | {'yes' if r['same_answers'] else 'no'} | "
+                     f"{r['answer_rows_changed']} | {'yes' if r['same_trajectory'] else 'no'} |")
+    lines += ["", f"{fig['same_answers']} of {fig['runs']} runs give the same answers; GRPO's mean moves "
+              f"{fig['grpo.mean_shift']:+.3f} ({fig['grpo.old_mean']:.3f} → {fig['grpo.new_mean']:.3f}).", ""]
+    record(f"protocol_rerun_{a.setting}", "\n".join(lines), fig, command_line("protocol_rerun.py", argv),
+           results_dir_arg(False, a.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -304,6 +304,43 @@ class ToolService:
         return result
 
 
+class ResponseMemo:
+    """The last responses' bytes, keyed by the result object they serialise (and the format asked
+    for). Holding the result keeps its ``id`` from being reused while its entry lives; bounded by
+    ``max_bytes``. Thread-safe: worker threads look up and add."""
+
+    def __init__(self, max_bytes: int = 16 << 20) -> None:
+        from collections import OrderedDict
+
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict = OrderedDict()  # (id(result), key) -> (result, (body, media type))
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, result: ToolResult, key: tuple) -> tuple[bytes, str] | None:
+        with self._lock:
+            entry = self._entries.get((id(result), key))
+            if entry is None or entry[0] is not result:
+                return None
+            self._entries.move_to_end((id(result), key))
+            self.hits += 1
+            return entry[1]
+
+    def put(self, result: ToolResult, key: tuple, response: tuple[bytes, str]) -> None:
+        size = len(response[0])
+        if size > self.max_bytes // 4:  # one big image response would evict everything else
+            return
+        with self._lock:
+            old = self._entries.pop((id(result), key), None)
+            self._bytes -= len(old[1][0]) if old else 0
+            self._entries[(id(result), key)] = (result, response)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, (body, _)) = self._entries.popitem(last=False)
+                self._bytes -= len(body)
+
+
 def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | None = None,
                proxy: Mapping[str, Any] | None = None):
     """The FastAPI app. ``proxy`` (router mode) maps tool names to upstream HTTP clients whose
@@ -365,7 +402,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         finally:
             gate.release()
 
-    def json_response(content: dict, parts: list[bytes] | None = None) -> Response:
+    def render(content: dict, parts: list[bytes] | None = None) -> tuple[bytes, str]:
         """Results are plain JSON already (the tool contract): serialise them once, without FastAPI's
         per-value ``jsonable_encoder`` walk (~0.25 ms for a mask's run lengths). Result images
         left in ``parts`` follow the JSON as bytes (:data:`FRAMES`)."""
@@ -376,8 +413,12 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
             raw = json.dumps(jsonable_encoder(content), default=str, separators=(",", ":")).encode()
         if parts:
-            return Response(content=pack_frames(raw, parts), media_type=FRAMES)
-        return Response(content=raw, media_type="application/json")
+            return pack_frames(raw, parts), FRAMES
+        return raw, "application/json"
+
+    def json_response(content: dict, parts: list[bytes] | None = None) -> Response:
+        raw, media_type = render(content, parts)
+        return Response(content=raw, media_type=media_type)
 
     def frames_accepted(request: Request) -> list[bytes] | None:
         """A list to collect raw result images in, when the client accepts :data:`FRAMES`."""
@@ -389,25 +430,43 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
                 "cache_hits": cache.hits if cache else 0, "computed": service.computed,
                 "joined_in_flight": service.flights.joined,
-                "waited_for_upload": arrivals.waited, "uploads": service.uploads, "uptime_s": round(time.time() - service.started, 1)}
+                "waited_for_upload": arrivals.waited, "uploads": service.uploads, "responses_reused": responses.hits, "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
     async def tools(request: Request):
         authorize(request)
         return {"tools": [s.openai_schema() for s in service.specs.values()]}
 
-    def one_call(call: Any, parts: list[bytes] | None = None, budget: RequestBudget | None = None,
-                 stored=None) -> dict[str, Any]:
-        """One call, in a worker thread; ``stored()`` runs once its images are decoded (and stored)."""
-        budget = budget or service.budget()
+    def run_one(call: Any, budget: RequestBudget, stored=None) -> ToolResult:
+        """One call's result, in a worker thread; ``stored()`` runs once its images are decoded (and stored)."""
         spent = budget.take_call()
         if spent is not None:
-            return service.encode(ToolResult.failure(spent), "png")
+            return ToolResult.failure(spent)
         name, arguments, images, context = service.decode_call(call, budget)
         if stored is not None:
             stored()
-        result = budget.take_result(service.run(name, arguments, images, context))
+        return budget.take_result(service.run(name, arguments, images, context))
+
+    def one_call(call: Any, parts: list[bytes] | None = None, budget: RequestBudget | None = None) -> dict[str, Any]:
+        result = run_one(call, budget or service.budget())
         return service.encode(result, call.get("image_format", "png"), call.get("derived_ok", False), parts)
+
+    responses = ResponseMemo()
+
+    def call_response(call: Any, frames: bool, stored) -> tuple[bytes, str]:
+        """A ``/call``'s body and media type. A GRPO group's identical calls get one result object
+        (the flight's, then the cache's): its response is serialised once and its bytes reused."""
+        result = run_one(call, service.budget(), stored)
+        key = (call.get("image_format", "png"), call.get("derived_ok", False) is True, frames)
+        if service.result_dir is None:  # with one, each response writes its own image files
+            hit = responses.get(result, key)
+            if hit is not None:
+                return hit
+        parts = [] if frames else None
+        body = render({"result": service.encode(result, key[0], key[1], parts)}, parts)
+        if service.result_dir is None and result.ok:
+            responses.put(result, key, body)
+        return body
 
     @app.post("/call")
     async def call(request: Request):
@@ -442,7 +501,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             loop.call_soon_threadsafe(arrivals.settle, service.store)
 
         try:
-            return json_response({"result": await guarded(one_call, payload, parts, None, stored)}, parts)
+            raw, media_type = await guarded(call_response, payload, parts is not None, stored)
+            return Response(content=raw, media_type=media_type)
         finally:
             arrivals.settle(service.store)
 

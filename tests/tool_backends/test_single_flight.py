@@ -185,6 +185,20 @@ def test_a_group_of_identical_calls_computes_once_on_the_server(held_server, rel
 
 
 @pytest.mark.timeout(120)
+def test_a_result_served_again_reuses_its_response_bytes(held_server, release_dir, image_on_server):
+    """The group's later calls (cache hits: the same result object) are not serialised again, and
+    every client still reads the same result."""
+    outcomes, threads = group_calls(held_server.url, "again", n=1)
+    release(release_dir, "again", threads)
+    before = health(held_server.url)
+    outcomes, threads = group_calls(held_server.url, "again", n=3)
+    release(release_dir, "again", threads)
+    after = health(held_server.url)
+    assert [r.text for r in outcomes] == ["held again on a 40x30 image"] * 3
+    assert after["computed"] == before["computed"] and after["responses_reused"] - before["responses_reused"] == 3
+
+
+@pytest.mark.timeout(120)
 def test_a_failing_computation_fails_every_waiter_with_the_same_error(held_server, release_dir, image_on_server):
     before = health(held_server.url)
     outcomes, threads = group_calls(held_server.url, "broken", fail=True)

@@ -429,7 +429,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         cache = service.cache
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
                 "cache_hits": cache.hits if cache else 0, "computed": service.computed,
-                "joined_in_flight": service.flights.joined,
+                "joined_in_flight": service.flights.joined + in_flight.joined, "calls_received": service.calls + in_flight.joined,
                 "waited_for_upload": arrivals.waited, "uploads": service.uploads, "responses_reused": responses.hits, "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
@@ -468,6 +468,23 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             responses.put(result, key, body)
         return body
 
+    in_flight = AsyncSingleFlight()  # identical /call bodies that send their images by reference
+
+    def shared_key(request: Request, payload: dict, frames: bool) -> bytes | None:
+        """The key under which identical requests share one answer: their whole body (tool,
+        arguments, image refs, context, formats), and only for a body that holds no image bytes
+        (joining one in flight, a request holds no slot and no thread, as in the router)."""
+        images = payload.get("images")
+        if not isinstance(images, list) or any(e is not None and not (isinstance(e, dict) and set(e) == {"ref"})
+                                               for e in images):
+            return None
+        raw = getattr(request, "_body", None)  # the bytes request.json() parsed
+        if raw is None:
+            return None
+        h = hashlib.blake2b(raw, digest_size=16)
+        h.update(b"|frames" if frames else b"|json")
+        return h.digest()
+
     @app.post("/call")
     async def call(request: Request):
         authorize(request)
@@ -500,8 +517,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         def stored() -> None:  # an upload wakes the group's waiters now, not when its own call ends
             loop.call_soon_threadsafe(arrivals.settle, service.store)
 
+        frames = parts is not None
         try:
-            raw, media_type = await guarded(call_response, payload, parts is not None, stored)
+            key = shared_key(request, payload, frames)
+            if key is None:  # it carries image bytes: its own decode, its own slot
+                raw, media_type = await guarded(call_response, payload, frames, stored)
+            else:  # a group's identical calls by reference join the one in flight before the gate
+                raw, media_type = await in_flight.run(key, lambda: guarded(call_response, payload, frames, stored))
             return Response(content=raw, media_type=media_type)
         finally:
             arrivals.settle(service.store)

@@ -470,16 +470,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     in_flight = AsyncSingleFlight()  # identical /call bodies that send their images by reference
 
-    def shared_key(request: Request, payload: dict, frames: bool) -> bytes | None:
+    def shared_key(raw: bytes, payload: dict, frames: bool) -> bytes | None:
         """The key under which identical requests share one answer: their whole body (tool,
         arguments, image refs, context, formats), and only for a body that holds no image bytes
         (joining one in flight, a request holds no slot and no thread, as in the router)."""
         images = payload.get("images")
         if not isinstance(images, list) or any(e is not None and not (isinstance(e, dict) and set(e) == {"ref"})
                                                for e in images):
-            return None
-        raw = getattr(request, "_body", None)  # the bytes request.json() parsed
-        if raw is None:
             return None
         h = hashlib.blake2b(raw, digest_size=16)
         h.update(b"|frames" if frames else b"|json")
@@ -519,7 +516,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
         frames = parts is not None
         try:
-            key = shared_key(request, payload, frames)
+            key = shared_key(await request.body(), payload, frames)  # the bytes request.json() parsed (cached)
             if key is None:  # it carries image bytes: its own decode, its own slot
                 raw, media_type = await guarded(call_response, payload, frames, stored)
             else:  # a group's identical calls by reference join the one in flight before the gate

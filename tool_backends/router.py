@@ -11,13 +11,13 @@ share the upstream's answer: the server's event loop joins them before its concu
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any, Mapping
 
 from medvqa_env.errors import ConfigError
 from tool_backends.http_client import HTTPToolBackend
 from tool_backends.server import ServerSettings, create_app
+from tool_backends.single_flight import request_key
 
 
 class Upstream:
@@ -30,9 +30,7 @@ class Upstream:
         self.client = client
 
     def key(self, path: str, body: bytes, accept: str | None) -> bytes:
-        h = hashlib.blake2b(body, digest_size=16)
-        h.update(f"|{path}|{accept}|{self.client.url}".encode())
-        return h.digest()
+        return request_key(body, path, str(accept), self.client.url)
 
     def forward(self, path: str, body: bytes, accept: str | None = None) -> tuple[int, bytes, str]:
         return self.client.forward(path, body, accept)

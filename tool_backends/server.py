@@ -45,7 +45,8 @@ from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
 from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
-from tool_backends.single_flight import AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in
+from tool_backends.single_flight import (AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in,
+                                         request_key)
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
@@ -478,9 +479,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not isinstance(images, list) or any(e is not None and not (isinstance(e, dict) and set(e) == {"ref"})
                                                for e in images):
             return None
-        h = hashlib.blake2b(raw, digest_size=16)
-        h.update(b"|frames" if frames else b"|json")
-        return h.digest()
+        return request_key(raw, "frames" if frames else "json")
 
     @app.post("/call")
     async def call(request: Request):

@@ -184,7 +184,7 @@ def write_skipped_of(datasets: Any, run_dir: str | Path) -> Path:
 # ---- artefacts named by their content ---------------------------------------------------------
 def content_sha256(path: str | Path, exclude: tuple[str, ...] = ()) -> str:
     """SHA-256 of a file's bytes, or of a folder's files (their paths relative to it, sorted, and
-    their bytes; names in ``exclude`` and dot-files left out): the same content gives the same
+    their bytes; files or folders named in ``exclude`` and dot-files left out): the same content gives the same
     digest wherever it lies.
 
     >>> import tempfile; a, b = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
@@ -203,8 +203,8 @@ def content_sha256(path: str | Path, exclude: tuple[str, ...] = ()) -> str:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         return h.hexdigest()
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in exclude
-                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    files = sorted(p for p in path.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") or part in exclude for part in p.relative_to(path).parts))
     for f in files:
         h.update(f.relative_to(path).as_posix().encode() + b"\0" + content_sha256(f).encode() + b"\n")
     return h.hexdigest()

@@ -275,3 +275,34 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
         if state is not None:
             set_rng_state(state)
     return json.loads((state_dir / "state.json").read_text())
+
+
+
+POLICY_FIELDS = ("kind", "base_model", "system_prompt", "env", "encoder", "generation")
+"""The fields of :data:`RUN_FILE` that make the checkpoint the policy it is at evaluation (what
+``eval.run`` reads to evaluate it as trained), beside its files."""
+
+
+def policy_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of what a checkpoint *is* as a policy, the same wherever, whenever and by whichever
+    commit it was written: every file of the model folder (weights, config, tokenizer, image
+    processor) except ``trainer_state/`` (resuming only: optimizer, RNG, wall time), the settings
+    it is evaluated with (:data:`POLICY_FIELDS` of :data:`RUN_FILE`) and the content hash of each
+    trained tool it was trained with. The run record in :data:`RUN_FILE` (arguments, commit,
+    machine) stays out: it says how the policy was made, recorded beside it. A plain
+    :func:`~medvqa_env.provenance.content_sha256` of the folder moves with the trainer's wall time,
+    so a bit-identical rerun could never match it."""
+    import hashlib
+
+    from medvqa_env.provenance import content_sha256
+
+    folder = Path(path)
+    h = hashlib.sha256(content_sha256(folder, exclude=(RUN_FILE, STATE_DIR)).encode())
+    run_file = folder / RUN_FILE
+    if run_file.is_file():
+        info = json.loads(run_file.read_text())
+        tools = ((info.get("resolved") or {}).get("tool_identity") or {}).items()
+        policy = {**{k: info.get(k) for k in POLICY_FIELDS},
+                  "tool_hashes": {name: (d or {}).get("content_hash") for name, d in sorted(tools)}}
+        h.update(json.dumps(policy, sort_keys=True, default=str).encode())
+    return h.hexdigest()

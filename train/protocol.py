@@ -412,11 +412,13 @@ def identity(args: Args, out: Path) -> dict[str, Any]:
     """Every artefact the report's figures depend on, named by content: the code (commit, whether
     the tree was clean, package versions), each trained tool build (its cache folder's name and
     content hash, the one its runs record: :func:`tool_backends.identity.describe_tools`), the data (SHA-256 of the train, val and held-out records used) and each warm start
-    (SHA-256 of its checkpoint folder). Paths are relative; nothing names this machine."""
+    (:func:`train.checkpoint.policy_sha256`: its weights and settings, so a rerun can match it; records
+    before it hold ``sha256``, the whole folder's, which moves with the trainer's wall time). Paths are relative; nothing names this machine."""
     from medvqa_env.config import parse_options
     from medvqa_env.datasets import load_dataset
-    from medvqa_env.provenance import content_sha256, provenance, records_sha256
+    from medvqa_env.provenance import provenance, records_sha256
     from tool_backends.identity import describe_tools
+    from train.checkpoint import policy_sha256
     from train.common import select_indices
 
     options = parse_options(args.dataset_opt, "--dataset-opt")
@@ -438,7 +440,7 @@ def identity(args: Args, out: Path) -> dict[str, Any]:
             choice = json.loads(choice_file.read_text())
             folder = Path(warm_checkpoint(out, choice))
             if folder.is_dir():
-                warm[str(build)] = {"checkpoint": choice["checkpoint"], "sha256": content_sha256(folder)}
+                warm[str(build)] = {"checkpoint": choice["checkpoint"], "policy_sha256": policy_sha256(folder)}
     code = provenance()
     return {"code": {k: code.get(k) for k in ("git_commit", "git_dirty", "package_version", "torch", "transformers", "machine")},
             "tools": tools, "data": data, "warm_starts": warm}

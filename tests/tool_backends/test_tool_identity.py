@@ -354,3 +354,32 @@ def test_a_run_on_tool_build_k_records_build_k_and_the_protocol_names_the_same_h
     args = protocol.Args(tools=spec, seeds="0,1", tool_builds=2, dataset_opt=["n=60"], val_size=8, eval_size=8)
     named = protocol.identity(args, tmp_path / "protocol")["tools"]["ground"]
     assert [protocol.tool_hash(named[str(k)]) for k in (0, 1)] == builds
+
+
+def test_a_verl_run_record_names_its_tools_policy_and_data_by_content(built, tmp_path):
+    """verl's trainer writes no args.json; ``launch.run_record`` is its record: the same
+    ``tool_identity`` the native trainer records, the policy folder and the parquet files by SHA-256."""
+    from omegaconf import OmegaConf
+
+    from medvqa_env.provenance import content_sha256, provenance
+    from train.checkpoint import policy_sha256
+    from train.verl_integration.launch import run_record
+
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    (policy / "medvqa_widened.json").write_text(json.dumps({"source_policy_sha256": "ab" * 32}))
+    parquet = tmp_path / "train.parquet"
+    parquet.write_bytes(b"rows")
+    cfg = OmegaConf.create({"medvqa": {"env": {"tools": {"ground": {"engine": "trained", "path": str(built)}}}},
+                            "actor_rollout_ref": {"model": {"path": str(policy)}},
+                            "data": {"train_files": str(parquet), "val_files": str(tmp_path / "missing.parquet")}})
+    record = run_record(cfg)
+    assert record["tool_identity"]["ground"]["content_hash"] == read_info(built)["content_hash"]
+    assert record["policy"]["policy_sha256"] == policy_sha256(policy)
+    assert record["policy"]["widened_from_policy_sha256"] == "ab" * 32
+    assert record["data"]["train"]["sha256"] == content_sha256(parquet)
+    assert record["data"]["val"]["sha256"] is None  # absent: said, not guessed
+    assert record["provenance"] == provenance()
+    (policy / "config.json").write_text('{"changed": 1}')
+    assert run_record(cfg)["policy"]["policy_sha256"] != record["policy"]["policy_sha256"]

@@ -150,3 +150,30 @@ def test_a_saved_policy_evaluated_by_train_evaluate_records_its_tools_and_commit
     assert record["questions"] == 2 and "eval/accuracy" in record["metrics"]
     assert record["tool_identity"]["ground"]["engine"] == "oracle"
     assert record["provenance"]["torch"] == torch.__version__ and "git_commit" in record["provenance"]
+
+
+def test_a_rerun_gives_the_same_policy_hash_where_the_folder_hash_moves_with_wall_time(runs, tmp_path):
+    """The warm start a protocol record names must be checkable by a rerun on a clean clone:
+    ``policy_sha256`` leaves out the trainer state (wall time, optimizer) and who wrote the folder."""
+    from medvqa_env.provenance import content_sha256
+    from train.checkpoint import policy_sha256
+
+    _sft(tmp_path / "again", "--steps", "3", "--save-every", "3")
+    first, again = runs / "whole" / "checkpoints" / "step_000003", tmp_path / "again" / "checkpoints" / "step_000003"
+    assert policy_sha256(again) == policy_sha256(first)
+    assert content_sha256(again) != content_sha256(first)  # trainer_state/state.json: another wall time
+    info = json.loads((again / "medvqa_run.json").read_text())
+    info["generation"]["max_new_tokens"] += 1  # a setting evaluation uses is part of the policy
+    (again / "medvqa_run.json").write_text(json.dumps(info))
+    assert policy_sha256(again) != policy_sha256(first)
+    first_weights = _weights(first)
+    first_weights[next(iter(first_weights))] += 1e-3
+    from safetensors.torch import save_file
+
+    save_file(first_weights, str(tmp_path / "model.safetensors"))
+    moved = tmp_path / "moved"
+    import shutil
+
+    shutil.copytree(first, moved)
+    shutil.copy(tmp_path / "model.safetensors", moved / "model.safetensors")
+    assert policy_sha256(moved) != policy_sha256(first)

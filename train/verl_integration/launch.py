@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -120,6 +121,36 @@ def prepare_data(cfg, val_split: str, image_mode: str, limit: int | None,
     if output_dir is not None:
         write_skipped_of(loaded, output_dir)
     return [train, val]
+
+
+RUN_RECORD = "run_record.json"
+"""The run folder's record of what its figures depend on (:func:`run_record`)."""
+
+
+def run_record(cfg) -> dict[str, Any]:
+    """What a verl run's figures depend on, named by content, as the native trainer's ``args.json``
+    names them: the tools (``tool_identity``: each trained tool's folder and content hash, built now
+    if the env would build it), the policy (:func:`train.checkpoint.policy_sha256`; for a widened
+    warm start also that of the checkpoint it was widened from), the SHA-256 of the train and val parquet files,
+    and the code (clean commit, package versions, machine). Paths as a record shows them."""
+    from omegaconf import OmegaConf
+
+    from medvqa_env.provenance import content_sha256, provenance
+    from tool_backends.identity import describe_tools, shown_path
+    from train.checkpoint import policy_sha256
+
+    env = OmegaConf.to_container(cfg.medvqa.env, resolve=True)
+    policy = Path(str(cfg.actor_rollout_ref.model.path))
+    policy_record: dict[str, Any] = {"path": shown_path(policy), "policy_sha256": None}
+    if policy.is_dir():
+        policy_record["policy_sha256"] = policy_sha256(policy)
+        widened = policy / "medvqa_widened.json"
+        if widened.is_file():
+            policy_record["widened_from_policy_sha256"] = json.loads(widened.read_text()).get("source_policy_sha256")
+    data = {split: {"path": shown_path(Path(str(path))), "sha256": content_sha256(path) if Path(str(path)).is_file() else None}
+            for split, path in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
+    return {"tool_identity": describe_tools(env.get("tools") or {}, build=True), "policy": policy_record,
+            "data": data, "provenance": provenance()}
 
 
 def preflight(device: str = "cuda") -> list[str]:
@@ -292,6 +323,7 @@ def run(argv: Sequence[str] | Any | None = None) -> int:
         print("error: cannot launch verl here:\n  - " + "\n  - ".join(problems), file=sys.stderr)
         return EXIT_NO_GPU
     (output_dir / "verl_config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (output_dir / RUN_RECORD).write_text(json.dumps(run_record(cfg), indent=1) + "\n")
 
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device

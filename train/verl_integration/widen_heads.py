@@ -206,7 +206,9 @@ def widen(src: str | Path, out: str | Path, target: int = TARGET_HEAD_DIM, toler
     Qwen2VLImageProcessorPil.from_pretrained(src).save_pretrained(out)
     diff, positions = max_logit_difference(src, out)
     text = config["text_config"]
-    report = {"source": str(src), "head_dim": [text["hidden_size"] // text["num_attention_heads"], target],
+    from train.checkpoint import policy_sha256
+
+    report = {"source": str(src), "source_policy_sha256": policy_sha256(src), "head_dim": [text["hidden_size"] // text["num_attention_heads"], target],
               "hidden_size": [text["hidden_size"], wide["text_config"]["hidden_size"]],
               "mrope_section": [(text.get("rope_parameters") or {}).get("mrope_section"),
                                 wide["text_config"]["rope_parameters"]["mrope_section"]],

@@ -277,7 +277,6 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     return json.loads((state_dir / "state.json").read_text())
 
 
-
 POLICY_FIELDS = ("kind", "base_model", "system_prompt", "env", "encoder", "generation")
 """The fields of :data:`RUN_FILE` that make the checkpoint the policy it is at evaluation (what
 ``eval.run`` reads to evaluate it as trained), beside its files."""

@@ -103,6 +103,15 @@ def final_agreement(folder: Path, native_answers: Path) -> tuple[int, int]:
     return sum(native[e["record_id"]] == e["answer"] for e in rows), len(rows)
 
 
+def native_grpo_by_seed(native: Path) -> dict[int, float]:
+    """The native protocol's GRPO final held-out metric per seed (empty where it is not exported)."""
+    record = native / "protocol.json"
+    if not record.is_file():
+        return {}
+    per_seed = json.loads(record.read_text())["rows"].get("grpo", {}).get("per_seed", {})
+    return {int(seed): float(row["metric"]) for seed, row in per_seed.items()}
+
+
 def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[dict[str, Any], list[str], str]:
     """Figures (names relative to the setting, ``verl.*``), the native table's row cells and the
     per-seed Markdown table for one ``<setting>_verl`` folder. ``native_grpo``: the native GRPO
@@ -150,22 +159,33 @@ def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[
         same = [same_answers_as_native(p, native_answers) for p in sorted(folder.glob("verl_s*"))
                 if (p / "cpu.json").is_file()]
         fig["verl.step0_same_answers"], fig["verl.step0_questions"] = min(s for s, _ in same), max(n for _, n in same)
+    native_seeds = native_grpo_by_seed(native)
+    paired = {seed: seeds[seed]["metric"] - native_seeds[seed] for seed in seeds if seed in native_seeds}
+    for seed, difference in paired.items():  # seed k of both ran on tool build k mod builds: a paired comparison
+        fig[f"verl.s{seed}.native_metric"], fig[f"verl.s{seed}.minus_native"] = native_seeds[seed], difference
+    if paired:
+        fig["verl_minus_grpo_paired.seeds"] = len(paired)
+        fig["verl_minus_grpo_paired.mean"] = sum(paired.values()) / len(paired)
+        fig["verl_minus_grpo_paired.min"], fig["verl_minus_grpo_paired.max"] = min(paired.values()), max(paired.values())
     if native_grpo and len(native_grpo) > 1 and len(values) > 1:
         diff = welch_difference(values, native_grpo)
         for k in ("difference", "ci_low", "ci_high"):
             fig[f"verl_minus_grpo.{k}"] = diff[k]
     spread = f"{mean:.3f} ± {sd:.3f} [{low:.3f}, {high:.3f}]" if len(values) > 1 else f"{mean:.3f}"
     per = ", ".join(f"{v:.3f}" for v in values) if len(values) > 1 else "–"
-    cells = ["**GRPO through verl's trainer** (same warm start; vLLM-CPU rollout, FSDP actor)", str(len(seeds)),
+    cells = ["**GRPO through verl's trainer** (same warm start; vLLM-CPU rollout, FSDP actor)",
+             f"{len(seeds)} of {len(native_seeds)}" if len(native_seeds) > len(seeds) else str(len(seeds)),
              spread, per, f"{fig['verl.distinct_answers.max']:.0f}", f"{fig['verl.greedy_tool_calls.mean']:.2f}",
              "–", "–", "–", f"{max(cpu_min):.1f}"]
-    lines = ["| seed | held-out accuracy by evaluation step | distinct answers (most common, share) | greedy tool "
-             "calls / ep | sampled tool calls / ep: step 1 -> last 5 steps | CPU min | wall min |",
-             "|---:|---|---|---:|---|---:|---:|"]
+    lines = ["| seed | held-out accuracy by evaluation step | native GRPO, same seed and tool build | distinct answers "
+             "(most common, share) | greedy tool calls / ep | sampled tool calls / ep: step 1 -> last 5 steps | CPU min "
+             "| wall min |",
+             "|---:|---|---:|---|---:|---|---:|---:|"]
     for seed, r in seeds.items():
         curve = " -> ".join(f"{c['accuracy']:.3f}" for c in r["curve"])
         steps = "/".join(str(c["step"]) for c in r["curve"])
-        lines.append(f"| {seed} | {curve} (steps {steps}) | {r['distinct_answers']} ({r['top_answer']}, "
+        native_cell = f"{native_seeds[seed]:.3f}" if seed in native_seeds else "–"
+        lines.append(f"| {seed} | {curve} (steps {steps}) | {native_cell} | {r['distinct_answers']} ({r['top_answer']}, "
                      f"{r['top_answer_share']:.2f}) | {r['greedy_tool_calls']:.2f} | {r['sampled_tool_calls_first']:.2f}"
                      f" -> {r['sampled_tool_calls_last5']:.2f} | {r['cpu_s'] / 60:.1f} | {r['wall_s'] / 60:.1f} |")
     fig["verl.table"] = "\n".join(lines)

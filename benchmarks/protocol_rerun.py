@@ -2,11 +2,15 @@
 
 ``python -m train.protocol`` rerun from a clean commit (docs/training.md) replaces a committed
 record (``benchmarks/runs/protocol/<setting>``). This compares the two: the earlier one read from a
-git revision that holds it, the new one from the working tree. For every run folder (warm starts,
-GRPO seeds, baselines): whether its stored held-out answers are the same, whether its logged
-trajectory is the same (timings and tool latencies left out), and its final held-out figure in each.
+git revision that holds it (``--old-rev``), or another record in the working tree (``--against``:
+the same protocol run on another machine, committed beside it), the new one from the working tree.
+For every run folder (warm starts, GRPO seeds, baselines): whether its stored held-out answers are
+the same, whether its logged trajectory is the same (timings and tool latencies left out), and its
+final held-out figure in each; for every tool build, whether its content hash is the same and on
+how many held-out questions its recorded observation is.
 
     python benchmarks/protocol_rerun.py --old-rev 41f55e8 --setting closed
+    python benchmarks/protocol_rerun.py --against closed --setting closed_machine2
 """
 
 from __future__ import annotations
@@ -54,13 +58,14 @@ def final(rows: list[dict] | None, eval_file: bytes | None, metric: str) -> floa
     return held[-1] if held else None
 
 
-def compare(old_rev: str, folder: str, metric: str) -> dict[str, dict]:
-    runs = sorted(p.name for p in (ROOT / folder).iterdir() if p.is_dir())
+def compare(earlier: tuple[str | None, str], new_folder: str, metric: str) -> dict[str, dict]:
+    """Run by run: ``earlier`` is (git revision or None for the working tree, record folder)."""
+    runs = sorted(p.name for p in (ROOT / new_folder).iterdir() if p.is_dir())
     out = {}
     for run in runs:
-        base = f"{folder}/{run}"
         sides = {}
-        for side, rev in (("old", old_rev), ("new", None)):
+        for side, (rev, folder) in (("old", earlier), ("new", (None, new_folder))):
+            base = f"{folder}/{run}"
             stored = read(rev, f"{base}/heldout_answers.jsonl.gz") or read(rev, f"{base}/eval.answers.jsonl.gz")
             rows = trajectory(read(rev, f"{base}/metrics.jsonl"))
             sides[side] = {"answers": answers(stored), "rows": rows,
@@ -74,17 +79,44 @@ def compare(old_rev: str, folder: str, metric: str) -> dict[str, dict]:
     return out
 
 
+def tool_builds(old: tuple[str | None, str], new_folder: str) -> dict[str, dict]:
+    """Per tool build: the same content hash in both records? The same recorded observation
+    (``tool_outputs_b<k>.jsonl``) on how many of the held-out questions?"""
+    idents = {side: json.loads(read(rev, f"{folder}/protocol.json")).get("identity", {}).get("tools", {})
+              for side, (rev, folder) in (("old", old), ("new", (None, new_folder)))}
+    out = {}
+    for tool, builds in idents["new"].items():
+        for build, entry in builds.items():
+            before = idents["old"].get(tool, {}).get(build, {})
+            rows = {}
+            for side, (rev, folder) in (("old", old), ("new", (None, new_folder))):
+                blob = read(rev, f"{folder}/tool_outputs_b{build}.jsonl")
+                rows[side] = {r["record_id"]: r["observation"] for r in map(json.loads, (blob or b"").decode().splitlines())}
+            shared = rows["old"].keys() & rows["new"].keys()
+            known = before.get("content_hash") is not None and entry.get("content_hash") is not None
+            out[f"{tool}.b{build}"] = {"same_hash": before["content_hash"] == entry["content_hash"] if known else None,
+                                       "old_hash": before.get("content_hash"), "new_hash": entry.get("content_hash"),
+                                       "questions": len(shared),
+                                       "same_observations": sum(rows["old"][q] == rows["new"][q] for q in shared)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--old-rev", required=True, help="a git revision holding the earlier record")
+    earlier = p.add_mutually_exclusive_group(required=True)
+    earlier.add_argument("--old-rev", default=None, help="a git revision holding the earlier record")
+    earlier.add_argument("--against", default=None,
+                         help="another setting in the working tree to compare with (benchmarks/runs/protocol/<against>)")
     p.add_argument("--setting", default="closed", help="benchmarks/runs/protocol/<setting>")
     p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
     a = p.parse_args(argv)
     folder = f"benchmarks/runs/protocol/{a.setting}"
-    identity = {side: json.loads(read(rev, f"{folder}/protocol.json"))["identity"]["code"]
-                for side, rev in (("old", a.old_rev), ("new", None))}
+    old = (a.old_rev, folder) if a.old_rev else (None, f"benchmarks/runs/protocol/{a.against}")
+    identity = {side: json.loads(read(rev, f"{f}/protocol.json"))["identity"]["code"]
+                for side, (rev, f) in (("old", old), ("new", (None, folder)))}
     metric = json.loads(read(None, f"{folder}/protocol.json"))["metric"]
-    runs = compare(a.old_rev, folder, metric)
+    runs = compare(old, folder, metric)
+    builds = tool_builds(old, folder)
     grpo = {side: [r[side] for name, r in runs.items() if name.startswith("grpo_s")] for side in ("old", "new")}
     fig = {"old_commit": identity["old"]["git_commit"], "new_commit": identity["new"]["git_commit"],
            "runs": len(runs), "same_answers": sum(r["same_answers"] for r in runs.values()),
@@ -97,9 +129,18 @@ def main(argv: list[str] | None = None) -> int:
            "grpo.largest_shift": max(abs(n - o) for o, n in zip(grpo["old"], grpo["new"]))}
     fig.update({f"run.{name}.{k}": r[k] for name, r in runs.items() for k in ("old", "new", "answer_rows_changed")
                 if r[k] is not None})
+    fig.update({f"tool.{name}.{k}": v for name, b in builds.items() for k, v in b.items()})
+    fig["tools.builds"] = len(builds)
+    fig["tools.same_hash"] = sum(b["same_hash"] is True for b in builds.values())
+    for side in ("old", "new"):  # flat figures: a list joined by spaces, a mapping as JSON
+        for k, v in (identity[side].get("machine") or {}).items():
+            fig[f"machine.{side}.{k}"] = " ".join(v) if isinstance(v, list) else json.dumps(v) if isinstance(v, dict) else v
+    shown_machine = {side: ", ".join(f"{k} {v}" for k, v in fig.items() if k.startswith(f"machine.{side}.")
+                                     ).replace(f"machine.{side}.", "") or "not recorded" for side in ("old", "new")}
+    earlier_text = (f"read from git `{a.old_rev}`" if a.old_rev else f"`benchmarks/runs/protocol/{a.against}`")
     lines = [f"## A rerun of the {a.setting.upper()} protocol against the record it replaces "
              "(`benchmarks/protocol_rerun.py`)", "",
-             f"Earlier record: commit `{fig['old_commit'][:10]}` (read from git `{a.old_rev}`); rerun: commit "
+             f"Earlier record: commit `{fig['old_commit'][:10]}` ({earlier_text}); rerun: commit "
              f"`{fig['new_commit'][:10]}`. Same answers: every stored held-out answer row identical; same "
              "trajectory: every logged figure identical but timings.", "",
              f"| run | {metric} before | after | same answers | answer rows changed | same trajectory |",
@@ -108,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in runs.items():
         lines.append(f"| {name} | {shown(r['old'])} | {shown(r['new'])} | {'yes' if r['same_answers'] else 'no'} | "
                      f"{r['answer_rows_changed']} | {'yes' if r['same_trajectory'] else 'no'} |")
+    lines += ["", "| tool build | content hash before | after | same observations / held-out questions |",
+              "|---|---|---|---:|"]
+    for name, b in builds.items():
+        hashes = [f"`{h[:12]}`" if h else "not recorded" for h in (b["old_hash"], b["new_hash"])]
+        lines.append(f"| {name} | {hashes[0]} | {hashes[1]} | "
+                     f"{b['same_observations']} / {b['questions']} |")
+    for side in ("old", "new"):
+        lines.append(f"\nMachine, {'before' if side == 'old' else 'after'}: {shown_machine[side]}.")
     lines += ["", f"{fig['same_answers']} of {fig['runs']} runs give the same answers; GRPO's mean moves "
               f"{fig['grpo.mean_shift']:+.3f} ({fig['grpo.old_mean']:.3f} → {fig['grpo.new_mean']:.3f}).", ""]
     record(f"protocol_rerun_{a.setting}", "\n".join(lines), fig, command_line("protocol_rerun.py", argv),

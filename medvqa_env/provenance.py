@@ -40,22 +40,52 @@ def provenance() -> dict[str, Any]:
     return out
 
 
+# CPU features that change which float kernels MKL and oneDNN run (and so the bits a recipe trains to)
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+                "amx_tile", "amx_bf16", "amx_int8")
+# settings that pin those kernels (MKL's conditional numerical reproducibility, oneDNN's ISA cap)
+KERNEL_SETTINGS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+def cpuinfo() -> dict[str, str]:
+    """The first processor's ``/proc/cpuinfo`` fields (empty where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
 def machine() -> dict[str, Any]:
-    """The CPU a record was made on: float kernels differ between CPUs (AVX2 vs AVX-512), so two
-    machines can train a recipe to different bits; a record names which one it came from.
-    ``torch_cpu_capability`` only where torch is already imported (never imported for this)."""
+    """The CPU a record was made on: float kernels differ between CPUs, so two machines can train
+    a recipe to different bits. Two VMs both named "Intel(R) Xeon(R) Processor", both AVX-512 to
+    torch, trained the CLOSED protocol's ground tool to different weights (one had AMX), so the
+    record keeps the kernel-relevant flags and cache size beside the name, and any setting that
+    pins the kernels. ``torch_cpu_capability`` only where torch is already imported (never
+    imported for this)."""
     import os
     import platform
     import sys
 
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        pass
-    out: dict[str, Any] = {"cpu": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                           "system": platform.system()}
+    info = cpuinfo()
+    flags = set(info.get("flags", "").split())
+    out: dict[str, Any] = {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+                           "cores": os.cpu_count(), "system": platform.system()}
+    if info.get("model"):  # family/model/stepping: tells apart CPUs that share a marketing name
+        out["cpuid"] = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    if flags:
+        out["kernel_flags"] = [f for f in KERNEL_FLAGS if f in flags]
+    if info.get("cache size"):
+        out["cache"] = info["cache size"]
+    pinned = {k: os.environ[k] for k in KERNEL_SETTINGS if os.environ.get(k)}
+    if pinned:
+        out["kernel_settings"] = pinned
     torch = sys.modules.get("torch")
     if torch is not None:
         try:

@@ -63,3 +63,22 @@ def test_the_row_counts_what_the_episodes_hold(derive):
     assert one["distinct_answers"] == len({r["answer"].strip().lower() for r in final})
     assert one["greedy_tool_calls"] == sum(r["num_tool_calls"] for r in final) / len(final)
     assert one["sampled_tool_calls_first"] == sum(r["num_tool_calls"] for r in first) / len(first)
+
+
+def test_verl_seed_k_is_compared_with_the_native_seed_k(derive, tmp_path):
+    """Seed k of both trainers ran on tool build k mod builds, so the row pairs them: verl seed 0
+    against native seed 0 only, never against another seed's figure or the native mean."""
+    seed = RUNS / "verl_s0"
+    shutil.copytree(seed, tmp_path / "closed_verl" / "verl_s0")
+    (tmp_path / "closed").mkdir()
+    per_seed = {"0": {"metric": 0.25}, "1": {"metric": 0.75}}
+    (tmp_path / "closed" / "protocol.json").write_text(json.dumps({"rows": {"grpo": {"per_seed": per_seed}}}))
+    fig, cells, table = derive.verl_setting(tmp_path / "closed_verl")
+    verl_metric = derive.verl_seed(seed)["metric"]
+    assert fig["verl.s0.native_metric"] == 0.25
+    assert fig["verl.s0.minus_native"] == pytest.approx(verl_metric - 0.25)
+    assert fig["verl_minus_grpo_paired.seeds"] == 1
+    assert fig["verl_minus_grpo_paired.mean"] == pytest.approx(verl_metric - 0.25)
+    assert "verl.s1.minus_native" not in fig
+    assert cells[1] == "1 of 2"  # a partial row says how many of the native seeds it has
+    assert "| 0.250 |" in table.splitlines()[2]

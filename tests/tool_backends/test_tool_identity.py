@@ -383,3 +383,41 @@ def test_a_verl_run_record_names_its_tools_policy_and_data_by_content(built, tmp
     assert record["provenance"] == provenance()
     (policy / "config.json").write_text('{"changed": 1}')
     assert run_record(cfg)["policy"]["policy_sha256"] != record["policy"]["policy_sha256"]
+
+
+def test_a_verl_run_record_names_every_file_of_a_list_of_data_files(tmp_path):
+    """verl takes ``data.train_files=[a.parquet,b.parquet]``: each file gets its own SHA-256."""
+    from omegaconf import OmegaConf
+
+    from medvqa_env.provenance import content_sha256
+    from train.verl_integration.launch import data_files_record
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    a.write_bytes(b"rows a")
+    b.write_bytes(b"rows b")
+    files = OmegaConf.create({"train_files": [str(a), str(b)]}).train_files
+    assert [r["sha256"] for r in data_files_record(files)] == [content_sha256(a), content_sha256(b)]
+    assert data_files_record(str(a))["sha256"] == content_sha256(a)
+
+
+def test_the_machine_record_tells_apart_cpus_that_share_a_name(monkeypatch, tmp_path):
+    """Two VMs both "Intel(R) Xeon(R) Processor", both AVX-512 to torch, train a recipe to different
+    bits when one has AMX: the record keeps the kernel-relevant flags and the settings that pin kernels."""
+    from medvqa_env import provenance
+
+    def fake(flags: str):
+        text = f"processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\ncpu family\t: 6\nmodel\t\t: 143\n" \
+               f"stepping\t: 8\nflags\t\t: fpu {flags}\n\nprocessor\t: 1\nflags\t\t: other\n"
+        path = tmp_path / f"cpuinfo-{len(flags)}"
+        path.write_text(text)
+        return path
+
+    real_open = open
+    for flags, expected in (("avx2 fma avx512f", ["avx2", "fma", "avx512f"]),
+                            ("avx2 fma avx512f amx_tile amx_bf16", ["avx2", "fma", "avx512f", "amx_tile", "amx_bf16"])):
+        path = fake(flags)
+        monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(path if p == "/proc/cpuinfo" else p, *a, **k))
+        got = provenance.machine()
+        assert got["kernel_flags"] == expected and got["cpuid"] == "6/143/8"
+    monkeypatch.setenv("MKL_CBWR", "AVX512")
+    assert provenance.machine()["kernel_settings"] == {"MKL_CBWR": "AVX512"}

@@ -127,6 +127,18 @@ RUN_RECORD = "run_record.json"
 """The run folder's record of what its figures depend on (:func:`run_record`)."""
 
 
+def data_files_record(files: Any) -> dict[str, Any] | list[dict[str, Any]]:
+    """``{"path", "sha256"}`` of a parquet file, or a list of them for verl's list form
+    (``data.train_files=[a.parquet,b.parquet]``); ``sha256`` is ``None`` for a file not on this disk."""
+    from medvqa_env.provenance import content_sha256
+    from tool_backends.identity import shown_path
+
+    if not isinstance(files, (str, Path)) and hasattr(files, "__iter__"):  # a list, or OmegaConf's ListConfig
+        return [data_files_record(f) for f in files]
+    path = Path(str(files))
+    return {"path": shown_path(path), "sha256": content_sha256(path) if path.is_file() else None}
+
+
 def run_record(cfg) -> dict[str, Any]:
     """What a verl run's figures depend on, named by content, as the native trainer's ``args.json``
     names them: the tools (``tool_identity``: each trained tool's folder and content hash, built now
@@ -135,7 +147,7 @@ def run_record(cfg) -> dict[str, Any]:
     and the code (clean commit, package versions, machine). Paths as a record shows them."""
     from omegaconf import OmegaConf
 
-    from medvqa_env.provenance import content_sha256, provenance
+    from medvqa_env.provenance import provenance
     from tool_backends.identity import describe_tools, shown_path
     from train.checkpoint import policy_sha256
 
@@ -147,8 +159,7 @@ def run_record(cfg) -> dict[str, Any]:
         widened = policy / "medvqa_widened.json"
         if widened.is_file():
             policy_record["widened_from_policy_sha256"] = json.loads(widened.read_text()).get("source_policy_sha256")
-    data = {split: {"path": shown_path(Path(str(path))), "sha256": content_sha256(path) if Path(str(path)).is_file() else None}
-            for split, path in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
+    data = {split: data_files_record(files) for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
     return {"tool_identity": describe_tools(env.get("tools") or {}, build=True), "policy": policy_record,
             "data": data, "provenance": provenance()}
 

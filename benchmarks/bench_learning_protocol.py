@@ -156,6 +156,7 @@ def setting(folder: Path) -> tuple[dict, str]:
         fig[f"{name}.distinct"] = distinct[-1]  # the most over seeds; min and median beside it
         fig[f"{name}.distinct_min"], fig[f"{name}.distinct_median"] = distinct[0], row.get(
             "distinct_answers_median", distinct[len(distinct) // 2])
+        fig[f"{name}.constant_seeds"] = sum(d == 1 for d in distinct)  # seeds that end on one answer for every question
         fig[f"{name}.calls"] = sum(p.get("greedy_tool_calls") or 0 for p in per) / len(per)
         shares = [p["top_answer_share"] for p in per if p.get("top_answer_share") is not None]
         if shares:  # how much of the held-out set the most common answer takes (1.0: a constant)

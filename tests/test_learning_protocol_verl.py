@@ -82,3 +82,16 @@ def test_verl_seed_k_is_compared_with_the_native_seed_k(derive, tmp_path):
     assert "verl.s1.minus_native" not in fig
     assert cells[1] == "1 of 2"  # a partial row says how many of the native seeds it has
     assert "| 0.250 |" in table.splitlines()[2]
+
+
+def test_each_verl_seed_starts_from_its_own_builds_warm_start(derive, tmp_path):
+    """With three tool builds, verl seed 4's step 0 is compared with the native evaluation of build
+    1's warm start (4 mod 3), not build 0's; a record from before builds has one ``warm_test``."""
+    native = tmp_path / "closed"
+    for name in ("warm_test_b0", "warm_test_b1", "warm_test"):
+        (native / name).mkdir(parents=True)
+    (native / "protocol.json").write_text(json.dumps({"args": {"tool_builds": 3}}))
+    assert derive.warm_test_answers(native, 4) == native / "warm_test_b1" / "eval.answers.jsonl"
+    assert derive.warm_test_answers(native, 3) == native / "warm_test_b0" / "eval.answers.jsonl"
+    (native / "protocol.json").write_text(json.dumps({"args": {}}))
+    assert derive.warm_test_answers(native, 4) == native / "warm_test" / "eval.answers.jsonl"

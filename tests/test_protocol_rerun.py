@@ -45,10 +45,10 @@ def write_setting(root: Path, name: str, answers: dict[str, list[str]], finals: 
 
 def test_a_record_from_another_machine_is_compared_run_by_run_and_build_by_build(rerun, tmp_path):
     write_setting(tmp_path, "closed", {"grpo_s0": ["yes", "no", "no"], "tool_sft_s0": ["yes", "yes", "no"]},
-                  {"grpo_s0": 0.5, "tool_sft_s0": 0.75}, "aa" * 32, ["found a box", "nothing", "nothing"],
+                  {"grpo_s0": 0.5, "tool_sft_s0": 0.75}, "aa" * 32, ["(liver lesion, score 0.9)", "nothing", "(spleen, score 0.5)"],
                   {"cpu": "Xeon", "kernel_flags": ["avx2", "avx512f"]})
     write_setting(tmp_path, "closed_machine2", {"grpo_s0": ["yes", "yes", "no"], "tool_sft_s0": ["yes", "yes", "no"]},
-                  {"grpo_s0": 0.625, "tool_sft_s0": 0.75}, "bb" * 32, ["found a box", "found a box", "nothing"],
+                  {"grpo_s0": 0.625, "tool_sft_s0": 0.75}, "bb" * 32, ["(liver lesion, score 0.9)", "(liver, score 0.4)", "(spleen, score 0.6)"],
                   {"cpu": "Xeon", "kernel_flags": ["avx2", "avx512f", "amx_tile"]})
     assert rerun.main(["--against", "closed", "--setting", "closed_machine2"]) == 0
     fig = rerun.recorded["fig"]
@@ -57,7 +57,9 @@ def test_a_record_from_another_machine_is_compared_run_by_run_and_build_by_build
     assert fig["same_trajectory"] == 1  # the timings differ, the learned figures of tool_sft_s0 do not
     assert fig["grpo.mean_shift"] == pytest.approx(0.125)
     assert fig["tool.ground.b0.same_hash"] is False and fig["tools.same_hash"] == 0
-    assert fig["tool.ground.b0.same_observations"] == 2 and fig["tool.ground.b0.questions"] == 3
+    assert fig["tool.ground.b0.same_observations"] == 1 and fig["tool.ground.b0.questions"] == 3
+    assert fig["tool.ground.b0.same_labels"] == 2  # the spleen's score moved, its label did not
+    assert fig["tool.ground.b0.same_found"] == 2
     assert fig["machine.old.kernel_flags"] == "avx2 avx512f"
     assert fig["machine.new.kernel_flags"] == "avx2 avx512f amx_tile"
-    assert "| ground.b0 | `aaaaaaaaaaaa` | `bbbbbbbbbbbb` | 2 / 3 |" in rerun.recorded["text"]
+    assert "| ground.b0 | `aaaaaaaaaaaa` | `bbbbbbbbbbbb` | 3 | 1 | 2 | 2 |" in rerun.recorded["text"]

@@ -74,3 +74,28 @@ def test_the_historical_records_hold_no_absolute_path_either():
              if p.is_file() and _historical(p) and p.suffix not in (".gz", ".png", ".sh")
              for m in ABSOLUTE.finditer(p.read_text(errors="replace"))]
     assert not found, "\n".join(found[:10])
+
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@pytest.mark.parametrize("record", _current("run_record.json"), ids=lambda p: p.relative_to(RUNS).parent.as_posix())
+def test_a_verl_run_record_names_its_commit_tools_policy_and_data_and_matches_its_native_pair(record):
+    """verl's runs write ``run_record.json`` (``launch.run_record``). Beside a native protocol record,
+    seed k must have run on that record's tool build k mod builds and from that build's warm start."""
+    run = json.loads(record.read_text())
+    assert run["provenance"]["git_dirty"] is False and re.fullmatch(r"[0-9a-f]{40}", run["provenance"]["git_commit"])
+    for name, tool in run["tool_identity"].items():
+        if tool.get("engine") == "trained":
+            assert HEX64.fullmatch(str(tool.get("content_hash"))), f"{record}: trained tool {name!r} has no hash"
+    assert HEX64.fullmatch(str(run["policy"]["policy_sha256"]))
+    assert all(HEX64.fullmatch(str(d["sha256"])) for d in run["data"].values()), run["data"]
+    setting = record.parents[1]
+    native = setting.parent / setting.name.removesuffix("_verl") / "protocol.json"
+    if native.is_file():
+        recorded = json.loads(native.read_text())
+        build = str(int(record.parent.name.rsplit("_s", 1)[1]) % recorded["args"]["tool_builds"])
+        ident = recorded["identity"]
+        for name, builds in ident["tools"].items():
+            assert run["tool_identity"][name]["content_hash"] == builds[build]["content_hash"], (record, name)
+        assert run["policy"]["widened_from_policy_sha256"] == ident["warm_starts"][build]["policy_sha256"], record

@@ -225,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder in folders:
         fig, table = setting(folder)
         if folder.name in verl_runs:  # the same task through verl's trainer: one more row (learning_protocol_verl)
-            grpo = json.loads((folder / "protocol.json").read_text())["rows"].get("grpo", {}).get("per_seed", {})
-            verl_fig, cells, _ = verl_setting(verl_runs.pop(folder.name), [r["metric"] for r in grpo.values()])
+            verl_fig, cells, _ = verl_setting(verl_runs.pop(folder.name))
             fig.update(verl_fig)
             table = fig["table"] = table + "\n| " + " | ".join(cells) + " |"
         figures.update({f"{folder.name}.{k}": v for k, v in fig.items()})

@@ -122,10 +122,11 @@ def native_grpo_by_seed(native: Path) -> dict[int, float]:
     return {int(seed): float(row["metric"]) for seed, row in per_seed.items()}
 
 
-def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[dict[str, Any], list[str], str]:
+def verl_setting(folder: Path) -> tuple[dict[str, Any], list[str], str]:
     """Figures (names relative to the setting, ``verl.*``), the native table's row cells and the
-    per-seed Markdown table for one ``<setting>_verl`` folder. ``native_grpo``: the native GRPO
-    seeds' final metric, for the difference of means (Welch 95% interval)."""
+    per-seed Markdown table for one ``<setting>_verl`` folder. Where the native record of the
+    setting is beside it, each verl seed is paired with the native seed of the same number (the
+    same tool build and warm start), and the means are compared too (Welch 95% interval)."""
     from train.protocol import t_interval, welch_difference
 
     seeds = {int(p.name.split("_s")[-1]): verl_seed(p) for p in sorted(folder.glob("verl_s*"))
@@ -177,8 +178,8 @@ def verl_setting(folder: Path, native_grpo: list[float] | None = None) -> tuple[
         fig["verl_minus_grpo_paired.seeds"] = len(paired)
         fig["verl_minus_grpo_paired.mean"] = sum(paired.values()) / len(paired)
         fig["verl_minus_grpo_paired.min"], fig["verl_minus_grpo_paired.max"] = min(paired.values()), max(paired.values())
-    if native_grpo and len(native_grpo) > 1 and len(values) > 1:
-        diff = welch_difference(values, native_grpo)
+    if len(native_seeds) > 1 and len(values) > 1:
+        diff = welch_difference(values, list(native_seeds.values()))
         for k in ("difference", "ci_low", "ci_high"):
             fig[f"verl_minus_grpo.{k}"] = diff[k]
     spread = f"{mean:.3f} ± {sd:.3f} [{low:.3f}, {high:.3f}]" if len(values) > 1 else f"{mean:.3f}"

@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     shown_machine = {side: ", ".join(f"{k} {v}" for k, v in fig.items() if k.startswith(f"machine.{side}.")
                                      ).replace(f"machine.{side}.", "") or "not recorded" for side in ("old", "new")}
     earlier_text = (f"read from git `{a.old_rev}`" if a.old_rev else f"`benchmarks/runs/protocol/{a.against}`")
-    lines = [f"## A rerun of the {a.setting.upper()} protocol against the record it replaces "
-             "(`benchmarks/protocol_rerun.py`)", "",
+    title = (f"## The `{a.setting}` protocol record against `{a.against}` (`benchmarks/protocol_rerun.py --against`)"
+             if a.against else f"## A rerun of the {a.setting.upper()} protocol against the record it replaces "
+             "(`benchmarks/protocol_rerun.py`)")
+    lines = [title, "",
              f"Earlier record: commit `{fig['old_commit'][:10]}` ({earlier_text}); rerun: commit "
              f"`{fig['new_commit'][:10]}`. Same answers: every stored held-out answer row identical; same "
              "trajectory: every logged figure identical but timings.", "",

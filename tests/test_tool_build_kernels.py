@@ -1,0 +1,32 @@
+"""``benchmarks/tool_build_kernels.py`` keeps one row per CPU: a run on another VM adds its row
+and leaves the others' hashes as they were (the comparison needs both halves)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_run_replaces_this_machines_row_and_keeps_the_others(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("tool_build_kernels", ROOT / "benchmarks" / "tool_build_kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    me = kernels.machine_id()
+    assert me.startswith(("intel-", "amd-")) and "/" not in me
+    (tmp_path / "tool_build_kernels.json").write_text(json.dumps({"figures": {
+        "amd-25-17-1.default": "aa" * 32, "amd-25-17-1.cpu": "AMD EPYC", f"{me}.default": "stale"}}))
+    monkeypatch.setattr(kernels, "RESULTS", tmp_path)
+    built = []
+    monkeypatch.setattr(kernels, "build_hash", lambda setting: built.append(setting) or f"hash-{len(built)}")
+    kept = {}
+    monkeypatch.setattr(kernels, "record", lambda topic, text, figures, command: kept.update(figures=figures, text=text))
+    assert kernels.main(["--settings", "default,avx2"]) == 0
+    assert built == [kernels.SETTINGS["default"], kernels.SETTINGS["avx2"]]
+    figures = kept["figures"]
+    assert figures[f"{me}.default"] == "hash-1" and figures[f"{me}.avx2"] == "hash-2"
+    assert figures["amd-25-17-1.default"] == "aa" * 32  # the other VM's row stays
+    assert "| amd-25-17-1 (AMD EPYC) |" in kept["text"]

@@ -39,3 +39,20 @@ def _offline_and_cache(tmp_path_factory):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("MEDVQA_CACHE", str(tmp_path_factory.mktemp("medvqa-cache")))
     yield
+
+
+@pytest.fixture()
+def load_benchmark(monkeypatch):
+    """``load_benchmark("protocol_rerun")``: a fresh copy of ``benchmarks/<name>.py`` as a module,
+    with ``benchmarks/`` on the path for its own imports (``figures``), as when it runs as a script."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -5,7 +5,6 @@ answers, and are what the results file records."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
 import shutil
@@ -21,13 +20,8 @@ SETTINGS = sorted(p.parent for p in RUNS.glob("*/protocol.json"))
 
 
 @pytest.fixture()
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_learning_protocol",
-                                                  ROOT / "benchmarks" / "bench_learning_protocol.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark):
+    return load_benchmark("bench_learning_protocol")
 
 
 def answers(folder: Path) -> list[dict]:

@@ -4,7 +4,6 @@ committed verl run files, checked against the stored held-out answers, and recor
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -16,12 +15,8 @@ RUNS = ROOT / "benchmarks" / "runs" / "protocol" / "closed_v1_verl"
 
 
 @pytest.fixture()
-def derive(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("learning_protocol_verl", ROOT / "benchmarks" / "learning_protocol_verl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def derive(load_benchmark):
+    return load_benchmark("learning_protocol_verl")
 
 
 def test_the_recorded_verl_figures_are_what_the_run_files_say(derive):

@@ -5,21 +5,15 @@ build by tool build."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture()
-def rerun(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("protocol_rerun", ROOT / "benchmarks" / "protocol_rerun.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def rerun(load_benchmark, monkeypatch, tmp_path):
+    module = load_benchmark("protocol_rerun")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     recorded: dict = {}
     monkeypatch.setattr(module, "record", lambda name, text, fig, *a: recorded.update(name=name, text=text, fig=fig))

@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("reproduce_protocol", ROOT / "benchmarks" / "reproduce_protocol.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_means_are_held_to_the_tolerance_and_tool_hashes_are_shown_not_passed(monkeypatch):
-    compare = load(monkeypatch).compare
+def test_means_are_held_to_the_tolerance_and_tool_hashes_are_shown_not_passed(load_benchmark):
+    compare = load_benchmark("reproduce_protocol").compare
     reference = {"grpo.mean": 0.5, "grpo.seeds": 2, "tools_sha256": "aaaa,bbbb"}
     rows = {name: ok for name, _, _, ok in compare({"grpo.mean": 0.59, "grpo.seeds": 2, "tools_sha256": "cccc,dddd"},
                                                    reference)}

@@ -3,18 +3,11 @@ and leaves the others' hashes as they were (the comparison needs both halves).""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_run_replaces_this_machines_row_and_keeps_the_others(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("tool_build_kernels", ROOT / "benchmarks" / "tool_build_kernels.py")
-    kernels = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernels)
+def test_a_run_replaces_this_machines_row_and_keeps_the_others(load_benchmark, monkeypatch, tmp_path):
+    kernels = load_benchmark("tool_build_kernels")
     me = kernels.machine_id()
     assert me.startswith(("intel-", "amd-")) and "/" not in me
     (tmp_path / "tool_build_kernels.json").write_text(json.dumps({"figures": {

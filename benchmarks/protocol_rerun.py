@@ -80,17 +80,17 @@ def compare(earlier: tuple[str | None, str], new_folder: str, metric: str) -> di
     return out
 
 
-def tool_builds(old: tuple[str | None, str], new_folder: str) -> dict[str, dict]:
+def tool_builds(earlier: tuple[str | None, str], new_folder: str) -> dict[str, dict]:
     """Per tool build: the same content hash in both records? The same recorded observation
     (``tool_outputs_b<k>.jsonl``) on how many of the held-out questions?"""
     idents = {side: json.loads(read(rev, f"{folder}/protocol.json")).get("identity", {}).get("tools", {})
-              for side, (rev, folder) in (("old", old), ("new", (None, new_folder)))}
+              for side, (rev, folder) in (("old", earlier), ("new", (None, new_folder)))}
     out = {}
     for tool, builds in idents["new"].items():
         for build, entry in builds.items():
             before = idents["old"].get(tool, {}).get(build, {})
             rows = {}
-            for side, (rev, folder) in (("old", old), ("new", (None, new_folder))):
+            for side, (rev, folder) in (("old", earlier), ("new", (None, new_folder))):
                 blob = read(rev, f"{folder}/tool_outputs_b{build}.jsonl")
                 rows[side] = {r["record_id"]: r["observation"] for r in map(json.loads, (blob or b"").decode().splitlines())}
             shared = rows["old"].keys() & rows["new"].keys()

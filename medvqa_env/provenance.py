@@ -64,10 +64,10 @@ def cpuinfo() -> dict[str, str]:
 
 def machine() -> dict[str, Any]:
     """The CPU a record was made on: float kernels differ between CPUs, so two machines can train
-    a recipe to different bits. Two VMs both named "Intel(R) Xeon(R) Processor", both AVX-512 to
-    torch, trained the CLOSED protocol's ground tool to different weights (one had AMX), so the
-    record keeps the kernel-relevant flags and cache size beside the name, and any setting that
-    pins the kernels. ``torch_cpu_capability`` only where torch is already imported (never
+    a recipe to different bits. An AMD EPYC VM and an Intel Xeon VM with AMX (both AVX-512 to torch,
+    model names as generic as "Intel(R) Xeon(R) Processor") trained the CLOSED protocol's ground
+    tool to different weights, so the record keeps the cpuid, the kernel-relevant flags and the
+    cache size beside the name, and any setting that pins the kernels. ``torch_cpu_capability`` only where torch is already imported (never
     imported for this)."""
     import os
     import platform

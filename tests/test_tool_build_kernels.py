@@ -23,3 +23,32 @@ def test_a_run_replaces_this_machines_row_and_keeps_the_others(load_benchmark, m
     assert figures[f"{me}.default"] == "hash-1" and figures[f"{me}.avx2"] == "hash-2"
     assert figures["amd-25-17-1.default"] == "aa" * 32  # the other VM's row stays
     assert "| amd-25-17-1 (AMD EPYC) |" in kept["text"]
+
+
+def test_the_record_commit_build_is_its_own_column_and_keeps_this_machines_settings(load_benchmark, monkeypatch,
+                                                                                    tmp_path):
+    kernels = load_benchmark("tool_build_kernels")
+    me = kernels.machine_id()
+    (tmp_path / "tool_build_kernels.json").write_text(json.dumps({"figures": {f"{me}.avx2": "kept-from-before"}}))
+    monkeypatch.setattr(kernels, "RESULTS", tmp_path)
+    monkeypatch.setattr(kernels, "build_hash", lambda setting: (_ for _ in ()).throw(AssertionError("built")))
+    commits = []
+    monkeypatch.setattr(kernels, "build_hash_at", lambda commit: commits.append(commit) or "at-record")
+    kept = {}
+    monkeypatch.setattr(kernels, "record", lambda topic, text, figures, command: kept.update(figures=figures, text=text))
+    assert kernels.main(["--settings=", "--at-record-commit"]) == 0
+    recorded = json.loads(kernels.RECORD.read_text())["identity"]
+    assert commits == [recorded["code"]["git_commit"]]  # the commit that wrote the CLOSED record
+    figures = kept["figures"]
+    assert figures[f"{me}.record_commit"] == "at-record" and figures[f"{me}.avx2"] == "kept-from-before"
+    assert figures["record.ground_b0"] == recorded["tools"]["ground"]["0"]["content_hash"]
+    assert f"none, code at {recorded['code']['git_commit'][:7]}" in kept["text"]
+
+
+def test_an_unknown_setting_is_refused_before_anything_is_built(load_benchmark, monkeypatch):
+    import pytest
+
+    kernels = load_benchmark("tool_build_kernels")
+    monkeypatch.setattr(kernels, "build_hash", lambda setting: (_ for _ in ()).throw(AssertionError("built")))
+    with pytest.raises(SystemExit):
+        kernels.main(["--settings", "default,avx9000"])

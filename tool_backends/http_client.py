@@ -2,9 +2,10 @@
 
 One pool of keep-alive connections per backend; each call has a deadline of ``timeout_s`` in total,
 and retries with exponential backoff only what is safe and quick to retry (connection refused or
-reset, 502/503/504) within that deadline. The connections are the standard library's
-``http.client`` (with ``TCP_NODELAY``), not ``httpx`` as elsewhere in the project: a tool call is
-on the rollout's critical path, and it costs ~0.3 ms of client CPU instead of ~0.9 ms
+reset, 502/503/504) within that deadline. The connections are a minimal HTTP/1.1 client on the
+standard library's sockets (:class:`Connection`, with ``TCP_NODELAY``), not ``httpx`` as elsewhere in
+the project nor ``http.client``: a tool call is on the rollout's critical path, and a request costs
+~40 us of client CPU there instead of ~220 us (``http.client``) or ~0.9 ms (``httpx``)
 (``benchmarks/bench_tools.py`` measures the remote overhead). A timeout, a dead server or a refusal becomes a
 :class:`ToolBackendError` whose message the env shows the model; the episode goes on.
 
@@ -32,8 +33,8 @@ from PIL import Image
 from medvqa_env.errors import ConfigError, ToolBackendError
 from tool_backends.base import ToolContext, ToolResult, ToolSpec
 from tool_backends.base import image_digest
-from tool_backends.wire import (FRAMES, TRANSPORTS, WireError, encode_images_for_call, result_from_wire, target_index,
-                                unpack_frames)
+from tool_backends.wire import (FRAMES, TRANSPORTS, WireError, encode_images_for_call, request_json, result_from_wire,
+                                target_index, unpack_frames)
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = (502, 503, 504)
@@ -85,28 +86,134 @@ class Response(NamedTuple):
         return self.content.decode("utf-8", "replace")
 
 
+MAX_HEADER_LINE = 65536
+MAX_HEADERS = 100
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection: a request goes out in one ``sendall``, and the answer is
+    read with a few ``readline`` calls. The standard library's ``http.client`` costs ~220 us of
+    client CPU a request on the 2-core VM, mostly parsing headers through ``email``; this costs ~40
+    (``benchmarks/bench_tools.py``, the remote overhead). It speaks what a tool server, the router
+    or a proxy in front of them answers: ``content-length`` or ``chunked`` bodies, or a body up to
+    the connection's close. Transport failures raise ``OSError`` or ``http.client.HTTPException``
+    (``RemoteDisconnected`` when a kept connection was closed by the server before answering)."""
+
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> None:
+        self.host, self.port = host, port
+        sock = socket.create_connection((host, port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self._file = sock.makefile("rb")
+        self.will_close = False
+
+    def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str],
+                timeout: float) -> Response:
+        self.sock.settimeout(timeout)
+        lines = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}"]
+        for k, v in headers.items():
+            if any(c in str(k) + str(v) for c in "\r\n\0"):  # as http.client: no header splitting
+                raise ValueError(f"invalid header {k!r}")
+            lines.append(f"{k}: {v}")
+        if body is not None or method in ("POST", "PUT"):
+            lines.append(f"content-length: {len(body or b'')}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.sock.sendall(head + body if body else head)
+        while True:
+            status, reason, fields, version = self._read_head()
+            if not 100 <= status < 200:  # skip interim answers (100 Continue)
+                break
+        no_body = method == "HEAD" or status in (204, 304)  # never a body, whatever the headers say
+        content = b"" if no_body else self._read_body(fields)
+        connection = fields.get("connection", "").lower()
+        self.will_close = (self.will_close or "close" in connection
+                           or (version == "HTTP/1.0" and "keep-alive" not in connection))
+        return Response(status, fields, content)
+
+    def _readline(self) -> bytes:
+        line = self._file.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise http.client.LineTooLong("header line")
+        return line
+
+    def _read_head(self) -> tuple[int, str, dict[str, str], str]:
+        line = self._readline()
+        if not line:
+            raise http.client.RemoteDisconnected("Remote end closed connection without response")
+        version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
+            raise http.client.BadStatusLine(line.decode("latin-1", "replace")[:100])
+        fields: dict[str, str] = {}
+        for _ in range(MAX_HEADERS + 1):
+            line = self._readline()
+            if line in (b"\r\n", b"\n"):
+                return int(code), reason, fields, version
+            if not line:
+                raise http.client.IncompleteRead(b"", None)
+            name, sep, value = line.decode("latin-1").partition(":")
+            if not sep:
+                raise http.client.HTTPException(f"malformed header line {line[:100]!r}")
+            name = name.strip().lower()
+            fields[name] = f"{fields[name]}, {value.strip()}" if name in fields else value.strip()
+        raise http.client.HTTPException(f"more than {MAX_HEADERS} headers")
+
+    def _read_exactly(self, n: int) -> bytes:
+        data = self._file.read(n)
+        if len(data) < n:
+            raise http.client.IncompleteRead(data, n - len(data))
+        return data
+
+    def _read_body(self, fields: Mapping[str, str]) -> bytes:
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            parts = []
+            while True:
+                size_line = self._readline().split(b";", 1)[0].strip()
+                try:
+                    size = int(size_line, 16)
+                except ValueError:
+                    raise http.client.HTTPException(f"malformed chunk size {size_line[:20]!r}") from None
+                if size == 0:
+                    while self._readline() not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    return b"".join(parts)
+                parts.append(self._read_exactly(size))
+                self._read_exactly(2)  # the chunk's CRLF
+        length = fields.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise http.client.HTTPException(f"malformed content-length {length[:20]!r}")
+            return self._read_exactly(int(length))
+        self.will_close = True  # the body runs to the connection's end
+        return self._file.read()
+
+    def close(self) -> None:
+        self._file.close()
+        self.sock.close()
+
+
 class ConnectionPool:
-    """Keep-alive ``http.client`` connections to one server, shared by threads (at most ``size``
-    kept idle). A kept connection the server has closed in the meantime is replaced once, silently,
-    as a fresh one would have been used."""
+    """Keep-alive :class:`Connection` s to one server, shared by threads (at most ``size`` kept
+    idle). A kept connection the server has closed in the meantime is replaced once, silently, as
+    a fresh one would have been used."""
 
     def __init__(self, url: str, size: int, connect_timeout_s: float) -> None:
         parts = urlsplit(url)
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or (443 if self.https else 80)
         self.size, self.connect_timeout_s = int(size), float(connect_timeout_s)
-        self._idle: list[http.client.HTTPConnection] = []
+        self._tls = ssl.create_default_context() if self.https else None
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
-    def _new(self, timeout: float) -> http.client.HTTPConnection:
-        connect = min(self.connect_timeout_s, timeout)
-        if self.https:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=connect,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=connect)
-        conn.connect()  # sets TCP_NODELAY (http.client does)
-        return conn
+    def _new(self, timeout: float) -> Connection:
+        return Connection(self.host, self.port, min(self.connect_timeout_s, timeout), self._tls)
 
     def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str],
                 timeout: float) -> Response:
@@ -122,19 +229,15 @@ class ConnectionPool:
             # the server closed the kept connection while it was idle: a fresh one gets the request
             return self._send(self._new(timeout), method, path, body, headers, timeout)
 
-    def _send(self, conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None,
+    def _send(self, conn: Connection, method: str, path: str, body: bytes | None,
               headers: Mapping[str, str], timeout: float) -> Response:
         try:
-            conn.sock.settimeout(timeout)
-            conn.request(method, path, body=body, headers=dict(headers))
-            answer = conn.getresponse()
-            content = answer.read()
+            response = conn.request(method, path, body, headers, timeout)
         except BaseException:
             conn.close()
             raise
-        response = Response(answer.status, {k.lower(): v for k, v in answer.getheaders()}, content)
         with self._lock:
-            keep = not answer.will_close and len(self._idle) < self.size
+            keep = not conn.will_close and len(self._idle) < self.size
             if keep:
                 self._idle.append(conn)
         if not keep:
@@ -319,11 +422,11 @@ class HTTPToolBackend:
         """POST ``build(refs)``; on 409 (the server lost an image we referenced) rebuild with the
         images themselves and post once more."""
         body, digests = build(True)
-        response = self._request("POST", path, what, content=json.dumps(body).encode(), headers=self._headers)
+        response = self._request("POST", path, what, content=request_json(body), headers=self._headers)
         if response.status_code == 409:
             self._sent.clear()
             body, digests = build(False)
-            response = self._request("POST", path, what, content=json.dumps(body).encode(), headers=self._headers)
+            response = self._request("POST", path, what, content=request_json(body), headers=self._headers)
         if response.status_code == 200:
             self._remember(digests)
         return response

@@ -178,6 +178,64 @@ async def _plain(send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class FastCall:
+    """ASGI middleware answering ``POST /call`` itself with ``answer(headers, body)`` (the server's
+    ``/call`` handler), bypassing FastAPI's per-request routing, request and response objects and
+    :class:`BodyLimit`'s task per body part: on the 2-core VM they cost more server CPU than uvicorn
+    itself (BENCHMARKS.md, "per-request floor"), and a GRPO group of 8 remote clients pays them 9
+    times. Same limits and answers: bodies over ``limit`` get 413, a body part later than
+    ``read_timeout_s`` 408, and an ``HTTPException`` its ``{"detail": ...}``. Everything else goes
+    on to ``app``; an unexpected error propagates to Starlette's error middleware (a 500)."""
+
+    def __init__(self, app, answer, limit: int, read_timeout_s: float | None = None) -> None:
+        self.app, self.answer, self.limit, self.read_timeout_s = app, answer, limit, read_timeout_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/call" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        from fastapi import HTTPException
+        from starlette.datastructures import Headers
+
+        headers = Headers(scope=scope)
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _plain(send, 413, f"request body of {int(length)} bytes is over the limit of {self.limit}")
+        chunks, seen = [], 0
+        while True:
+            try:
+                message = await _within(receive(), self.read_timeout_s)
+            except asyncio.TimeoutError:
+                return await _plain(send, 408, f"the request body stalled for over {self.read_timeout_s:g} s")
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                return await _plain(send, 413, f"request body is over the limit of {self.limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        try:
+            status, content, media_type = await self.answer(headers, b"".join(chunks))
+        except HTTPException as e:  # the same {"detail": ...} as the app's handler, never echoing the token
+            return await _plain(send, e.status_code, e.detail)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", media_type.encode("latin-1")),
+                                (b"content-length", str(len(content)).encode())]})
+        await send({"type": "http.response.body", "body": content})
+
+
+async def _within(awaitable, timeout_s: float | None):
+    """``await awaitable`` within ``timeout_s`` (``asyncio.TimeoutError`` past it), without the task
+    per call ``asyncio.wait_for`` makes before Python 3.12 (``asyncio.timeout``, from 3.11)."""
+    if timeout_s is None:
+        return await awaitable
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(timeout_s):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout_s)
+
+
 class ToolService:
     """The framework-free core: decode a call, run it on its backend, cache, encode the result."""
 
@@ -273,14 +331,7 @@ class ToolService:
         """Run a decoded call; never raises (same guarantees as :meth:`Toolbox.call`). Identical
         calls in flight at once (a GRPO group's) share one computation (:mod:`.single_flight`)."""
         self.calls += 1
-        key = None
-        if isinstance(arguments, Mapping):
-            index = arguments.get("image_index", 0)
-            if isinstance(index, int) and -len(images) <= index < len(images) and images[index] is not None:
-                key = cache_key(name, arguments, images, context)
-                if key is not None:  # clients need not send record ids: key on the whole context too
-                    blob = json.dumps(context.to_dict(), sort_keys=True, default=str).encode()
-                    key += "|" + hashlib.blake2b(blob, digest_size=12).hexdigest()
+        key = self.result_key(name, arguments, images, context)
         if key is not None and self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
@@ -289,6 +340,28 @@ class ToolService:
         if index is not None and images[index] is None:
             return ToolResult.failure(f"image {index} was not sent with the call.")
         return self.flights.run(key, lambda: self._compute(key, name, arguments, images, context))
+
+    def result_key(self, name: str, arguments: Any, images: list, context: ToolContext) -> str | None:
+        """The key a decoded call's result is cached and shared under (``None``: never shared)."""
+        if not isinstance(arguments, Mapping):
+            return None
+        index = arguments.get("image_index", 0)
+        if not (isinstance(index, int) and -len(images) <= index < len(images) and images[index] is not None):
+            return None
+        key = cache_key(name, arguments, images, context)
+        if key is None:
+            return None
+        blob = json.dumps(context.to_dict(), sort_keys=True, default=str).encode()  # clients need not send record ids
+        return key + "|" + hashlib.blake2b(blob, digest_size=12).hexdigest()
+
+    def cached(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult | None:
+        """A decoded call's cached result, counted as a call and a hit; ``None`` (counting nothing)
+        when it is not cached: :meth:`run` then looks again and counts the miss."""
+        key = self.result_key(name, arguments, images, context) if self.cache is not None else None
+        hit = self.cache.get(key, count_miss=False) if key is not None else None
+        if hit is not None:
+            self.calls += 1
+        return hit
 
     def _compute(self, key: str | None, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
         with self._count_lock:
@@ -391,17 +464,27 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         finally:
             waiting["n"] -= 1
         try:
-            return await run_in_threadpool(fn, *args)
-        except (WireError, TypeError) as e:
-            raise HTTPException(400, str(e)) from None
-        except PermissionError as e:
-            raise HTTPException(403, str(e)) from None
-        except UnknownImage as e:
-            raise HTTPException(409, str(e)) from None
-        except LookupError as e:
-            raise HTTPException(404, str(e.args[0] if e.args else e)) from None
+            return refusing(await run_in_threadpool(refused, fn, *args))
         finally:
             gate.release()
+
+    def refused(fn, *args):
+        """``fn(*args)``, or the ``HTTPException`` a wire error maps to (returned, not raised: see ``refusing``)."""
+        try:
+            return fn(*args)
+        except (WireError, TypeError) as e:
+            return HTTPException(400, str(e))
+        except PermissionError as e:
+            return HTTPException(403, str(e))
+        except UnknownImage as e:
+            return HTTPException(409, str(e))
+        except LookupError as e:
+            return HTTPException(404, str(e.args[0] if e.args else e))
+
+    def refusing(value):
+        if isinstance(value, HTTPException):  # raised here, on the event loop, with no worker frames attached
+            raise value
+        return value
 
     def render(content: dict, parts: list[bytes] | None = None) -> tuple[bytes, str]:
         """Results are plain JSON already (the tool contract): serialise them once, without FastAPI's
@@ -471,40 +554,77 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     in_flight = AsyncSingleFlight()  # identical /call bodies that send their images by reference
 
-    def shared_key(raw: bytes, payload: dict, frames: bool) -> bytes | None:
-        """The key under which identical requests share one answer: their whole body (tool,
-        arguments, image refs, context, formats), and only for a body that holds no image bytes
-        (joining one in flight, a request holds no slot and no thread, as in the router)."""
-        images = payload.get("images")
-        if not isinstance(images, list) or any(e is not None and not (isinstance(e, dict) and set(e) == {"ref"})
-                                               for e in images):
+    def answered_from_cache(call: Any, frames: bool) -> tuple[bytes, str] | None:
+        """On the event loop, for a call whose images all go by reference (nothing to decode): its
+        response when its result is cached and that response's bytes are kept (tens of us, no slot,
+        no thread hop: the rest of a GRPO group, and a reference the server lacks, which raises
+        ``UnknownImage`` here for its 409); ``None`` to take the worker-thread path."""
+        if service.result_dir is not None:  # each response writes its own image files
             return None
-        return request_key(raw, "frames" if frames else "json")
+        budget = service.budget()
+        budget.take_call()  # one call: within any limit
+        result = service.cached(*service.decode_call(call, budget))
+        if result is None:
+            return None
+        hit = responses.get(result, (call.get("image_format", "png"), call.get("derived_ok", False) is True, frames))
+        if hit is None:  # serialising it can take milliseconds: not on the loop
+            service.calls -= 1
+            return None
+        budget.take_result(result)  # a response's first images always fit
+        return hit
 
-    @app.post("/call")
-    async def call(request: Request):
-        authorize(request)
+    def shared_key(payload: dict, frames: bool) -> bytes | None:
+        """The key under which identical calls share one answer: the call (tool, arguments, context,
+        formats) with each image named by its digest, as canonical JSON. An upload that names its
+        image's digest and the group's requests referring to that digest are the same call: they
+        join the upload's computation on the event loop (holding no slot and no thread, as in the
+        router). ``None`` (never shared) for an image entry that names no digest."""
+        images = payload.get("images")
+        if not isinstance(images, list):
+            return None
+        named = []
+        for entry in images:
+            if entry is None or (isinstance(entry, dict) and set(entry) == {"ref"}):
+                named.append(entry)
+            elif isinstance(entry, dict) and isinstance(entry.get("digest"), str) and ("raw" in entry or "png" in entry):
+                named.append({"ref": entry["digest"]})  # the base64 is not serialised again
+            else:
+                return None
+        try:
+            blob = json.dumps({**payload, "images": named}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+        return request_key(blob.encode(), "frames" if frames else "json")
+
+    def uploads(payload: dict) -> bool:
+        """Whether a call carries image bytes (not only references)."""
+        return any(isinstance(e, dict) and "ref" not in e for e in payload.get("images") or ())
+
+    async def answer_call(headers, raw: bytes) -> tuple[int, bytes, str]:
+        """``POST /call``: (status, body, media type) for a request's ``headers`` (Starlette
+        ``Headers``) and whole ``raw`` body; refusals raise ``HTTPException``."""
+        if settings.token:
+            got = headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {settings.token}".encode()):
+                raise HTTPException(401, "missing or wrong bearer token")
+        try:
+            payload = json.loads(raw)
+        except Exception:
+            raise HTTPException(400, "expected a JSON body") from None
         if proxy:
-            raw = await request.body()
-            try:
-                parsed = json.loads(raw)
-                name = parsed.get("tool")
-            except Exception:
-                raise HTTPException(400, "expected a JSON body") from None
+            name = payload.get("tool") if isinstance(payload, dict) else None
             if isinstance(name, str) and name in proxy:  # forwarded under the same concurrency and queue limits
-                refs, accept = refs_in(parsed), request.headers.get("accept")
+                refs, accept = refs_in(payload), headers.get("accept")
                 waits, sent = forwarded.setdefault(name, (ImageArrivals(settings.upload_wait_s), ForwardedImages()))
                 if refs and settings.upload_wait_s > 0:  # outside the gate: the upload must get a slot
                     await waits.wait(refs, sent)
-                if sent.add(parsed):  # an upload: its group's refs go on now (upstream, they meet it)
+                if sent.add(payload):  # an upload: its group's refs go on now (upstream, they meet it)
                     waits.settle(sent)
-                status, content, media_type = await forwarding.run(  # joining one in flight holds no slot
+                return await forwarding.run(  # joining one in flight holds no slot
                     proxy[name].key("/call", raw, accept), lambda: guarded(proxy[name].forward, "/call", raw, accept))
-                return Response(content=content, status_code=status, media_type=media_type)
-        payload = await body(request)
         if not isinstance(payload, dict):
             raise HTTPException(400, "expected a JSON object")
-        parts = frames_accepted(request)
+        frames = FRAMES in headers.get("accept", "")
         refs = refs_in(payload)
         if refs and settings.upload_wait_s > 0:  # a group's other clients wait for the one uploading the image
             await arrivals.wait(refs, service.store)
@@ -513,16 +633,38 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         def stored() -> None:  # an upload wakes the group's waiters now, not when its own call ends
             loop.call_soon_threadsafe(arrivals.settle, service.store)
 
-        frames = parts is not None
         try:
-            key = shared_key(await request.body(), payload, frames)  # the bytes request.json() parsed (cached)
-            if key is None:  # it carries image bytes: its own decode, its own slot
-                raw, media_type = await guarded(call_response, payload, frames, stored)
-            else:  # a group's identical calls by reference join the one in flight before the gate
-                raw, media_type = await in_flight.run(key, lambda: guarded(call_response, payload, frames, stored))
-            return Response(content=raw, media_type=media_type)
+            key = shared_key(payload, frames)
+            if key is None:  # an image that names no digest: its own decode, its own slot
+                content, media_type = await guarded(call_response, payload, frames, stored)
+                return 200, content, media_type
+            joining = key in in_flight
+            if not joining and not uploads(payload):  # a lookup on the loop: nothing to decode
+                hit = refusing(refused(answered_from_cache, payload, frames))
+                if hit is not None:
+                    return 200, *hit
+            # a group's identical calls join the one in flight (the upload's, or one by reference) before the gate
+            try:
+                content, media_type = await in_flight.run(key, lambda: guarded(call_response, payload, frames,
+                                                                               stored))
+            except HTTPException:
+                if not joining:
+                    raise
+                # another request's refusal (its upload did not match its digest, say) is not this
+                # one's answer: this call goes its own way
+                content, media_type = await guarded(call_response, payload, frames, stored)
+            return 200, content, media_type
         finally:
             arrivals.settle(service.store)
+
+    @app.post("/call")
+    async def call(request: Request):  # reached only without FastCall in front (it answers POST /call itself)
+        status, content, media_type = await answer_call(request.headers, await request.body())
+        return Response(content=content, status_code=status, media_type=media_type)
+
+    app.state.answer_call = answer_call
+    app.add_middleware(FastCall, answer=answer_call, limit=settings.max_body_bytes,
+                       read_timeout_s=settings.read_timeout_s)
 
     @app.post("/call_batch")
     async def call_batch(request: Request):

@@ -99,6 +99,10 @@ class AsyncSingleFlight:
         self.computed = 0
         self.joined = 0
 
+    def __contains__(self, key) -> bool:
+        """Whether a computation runs under ``key`` now (a caller would join it)."""
+        return key in self._tasks
+
     async def run(self, key, start):
         """The result of ``start()``'s coroutine, or of the one already running under ``key``."""
         import asyncio

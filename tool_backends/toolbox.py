@@ -104,11 +104,13 @@ class ToolCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> ToolResult | None:
+    def get(self, key: str, count_miss: bool = True) -> ToolResult | None:
+        """The cached result (a hit), or ``None`` (a miss, unless ``count_miss`` is false: a caller
+        that looks first and then makes the counted call)."""
         with self._lock:
             result = self._data.get(key)
             if result is None:
-                self.misses += 1
+                self.misses += count_miss
                 return None
             self._data.move_to_end(key)
             self.hits += 1

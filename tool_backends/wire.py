@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 from PIL import Image
 
 from medvqa_env.errors import DatasetError
-from medvqa_env.images import DEFAULT_MAX_PIXELS, LazyImage, decode_image, image_digest
+from medvqa_env.images import DEFAULT_MAX_PIXELS, LazyImage, decode_image, image_digest, image_pixels
 from tool_backends.base import ToolResult
 
 TRANSPORTS = ("png", "raw", "path")
@@ -101,7 +101,9 @@ def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | o
         entry = {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
         return {**entry, "digest": image_digest(rgb)} if digest else entry
     if transport == "raw":
-        entry = {"raw": base64.b64encode(rgb.tobytes()).decode("ascii"), "size": list(rgb.size)}
+        pixels = image_pixels(rgb)  # an ImageCache image's array: its bytes without another copy
+        data = pixels.data if pixels is not None and pixels.flags.c_contiguous else rgb.tobytes()
+        entry = {"raw": base64.b64encode(data).decode("ascii"), "size": list(rgb.size)}
         return {**entry, "digest": image_digest(rgb)} if digest else entry
     if transport == "path":
         if shared_dir is None:
@@ -337,6 +339,53 @@ def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str |
         entry.pop("digest", None)
         images.append(entry)
     return {"text": result.text, "error": result.error, "data": result.data, "images": images}
+
+
+def request_json(body: Mapping[str, Any]) -> bytes:
+    """``json.dumps(body).encode()``, byte for byte, for a ``/call`` or ``/call_batch`` body: the
+    base64 of its uploaded images is spliced in, not run through the JSON encoder, which checks
+    every character for escaping (~0.9 ms for one 256x256 RGB image on the 2-core VM, more than
+    encoding the base64 itself). Base64's alphabet needs no escaping, so the bytes are the same.
+
+    >>> body = {"tool": "zoom", "images": [{"raw": "QUJD" * 300, "size": [30, 10]}, None]}
+    >>> request_json(body) == json.dumps(body).encode()
+    True
+    """
+    import secrets
+
+    blobs: dict[str, str] = {}
+    mark = secrets.token_hex(8)
+
+    def swapped(images: Any) -> Any:
+        if not isinstance(images, list):
+            return images
+        out = []
+        for entry in images:
+            if isinstance(entry, dict):
+                for key in ("raw", "png"):
+                    value = entry.get(key)
+                    if isinstance(value, str) and len(value) > 1024:
+                        name = f"{mark}-{len(blobs)}"
+                        blobs[name] = value
+                        entry = {**entry, key: name}
+            out.append(entry)
+        return out
+
+    if "calls" in body and isinstance(body["calls"], list):
+        shallow = {**body, "calls": [{**c, "images": swapped(c.get("images"))} if isinstance(c, dict) and "images" in c
+                                     else c for c in body["calls"]]}
+    else:
+        shallow = {**body, "images": swapped(body["images"])} if "images" in body else body
+    text = json.dumps(shallow)
+    if not blobs:
+        return text.encode()
+    pieces, at = [], 0
+    for name, value in blobs.items():  # in the order json.dumps wrote them: the order they were found
+        where = text.index(f'"{name}"', at)
+        pieces += [text[at:where + 1], value]
+        at = where + 1 + len(name)
+    pieces.append(text[at:])
+    return "".join(pieces).encode()
 
 
 def pack_frames(payload_json: bytes, parts: Sequence[bytes]) -> bytes:

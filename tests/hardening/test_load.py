@@ -57,13 +57,14 @@ def test_overload_answers_503_not_500_or_a_dropped_connection(in_thread_server, 
 
     backend = LocalBackend([build_tool("segment")])
     app = create_app({"segment": backend}, ServerSettings(max_concurrency=1, max_queue=2, cache_size=0))
-    big = image.resize((768, 768))
-    body = json.dumps({"tool": "segment", "arguments": {"bbox": [0, 0, 700, 700]},
-                       "images": [encode_image(big)]})
+    big = encode_image(image.resize((768, 768)))
+    # 24 different calls: identical ones would join one computation and never queue
+    bodies = [json.dumps({"tool": "segment", "arguments": {"bbox": [i, 0, 700, 700]}, "images": [big]})
+              for i in range(24)]
     with in_thread_server(app) as srv, httpx.Client(base_url=srv.url, timeout=60,
                                                     limits=httpx.Limits(max_connections=32)) as client:
         with cf.ThreadPoolExecutor(24) as pool:
-            statuses = list(pool.map(lambda _: client.post("/call", content=body).status_code, range(24)))
+            statuses = list(pool.map(lambda b: client.post("/call", content=b).status_code, bodies))
         assert set(statuses) <= {200, 503}, statuses
         assert statuses.count(200) >= 1 and statuses.count(503) >= 1, statuses
         assert client.get("/health").status_code == 200  # and it is still serving

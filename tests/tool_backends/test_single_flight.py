@@ -204,6 +204,27 @@ def test_a_result_served_again_reuses_its_response_bytes(held_server, release_di
 
 
 @pytest.mark.timeout(120)
+def test_a_cached_answer_needs_no_slot_while_every_slot_is_busy(held_server, release_dir, image_on_server):
+    """A call whose result (and response) the server holds is answered on its event loop: with all
+    16 slots held by other calls it still answers at once, instead of queueing behind them."""
+    before = health(held_server.url)
+    busy = [group_calls(held_server.url, f"busy-{i}", n=1) for i in range(16)]
+    wait_until(lambda: health(held_server.url)["calls"] - before["calls"] == 16, "16 calls hold the 16 slots")
+    cached = HTTPToolBackend(tools=["held"], url=held_server.url, timeout_s=10, retries=0)
+    try:
+        result = cached.call("held", [IMAGE.copy()], {"label": "warm-server", "fail": False},
+                             ToolContext(record_id="q-1", question="same question"))
+    finally:
+        cached.close()
+        for i, (_, threads) in enumerate(busy):
+            release(release_dir, f"busy-{i}", threads)
+    after = health(held_server.url)
+    assert result.text == "held warm-server on a 40x30 image"
+    assert after["computed"] - before["computed"] == 16  # the busy calls; the cached one ran nothing
+    assert after["cache_hits"] - before["cache_hits"] == 1 and after["calls"] - before["calls"] == 17
+
+
+@pytest.mark.timeout(120)
 def test_a_failing_computation_fails_every_waiter_with_the_same_error(held_server, release_dir, image_on_server):
     before = health(held_server.url)
     outcomes, threads = group_calls(held_server.url, "broken", fail=True)
@@ -272,6 +293,8 @@ def test_a_group_uploads_its_new_image_once(held_server, release_dir):
     assert [r.text for r in outcomes] == ["held first turn on a 40x30 image"] * GROUP
     assert after["uploads"] - before["uploads"] == 1  # one client sent the image's bytes
     assert after["computed"] - before["computed"] == 1 and after["calls_received"] - before["calls_received"] == GROUP
+    # the 7 others joined the upload's own request on the event loop: one request took a slot and a thread
+    assert after["calls"] - before["calls"] == 1
 
 
 @pytest.mark.timeout(120)

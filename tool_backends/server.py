@@ -355,13 +355,15 @@ class ToolService:
         return key + "|" + hashlib.blake2b(blob, digest_size=12).hexdigest()
 
     def cached(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult | None:
-        """A decoded call's cached result, counted as a call and a hit; ``None`` (counting nothing)
-        when it is not cached: :meth:`run` then looks again and counts the miss."""
+        """A decoded call's cached result, or ``None``; counts nothing (:meth:`answered_cached`
+        counts a result that answered a call; otherwise :meth:`run` looks again and counts)."""
         key = self.result_key(name, arguments, images, context) if self.cache is not None else None
-        hit = self.cache.get(key, count_miss=False) if key is not None else None
-        if hit is not None:
-            self.calls += 1
-        return hit
+        return self.cache.get(key, count=False) if key is not None else None
+
+    def answered_cached(self) -> None:
+        """Count a call answered from :meth:`cached`'s result: a call and a cache hit."""
+        self.calls += 1
+        self.cache.count_hit()
 
     def _compute(self, key: str | None, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
         with self._count_lock:
@@ -568,9 +570,9 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             return None
         hit = responses.get(result, (call.get("image_format", "png"), call.get("derived_ok", False) is True, frames))
         if hit is None:  # serialising it can take milliseconds: not on the loop
-            service.calls -= 1
             return None
         budget.take_result(result)  # a response's first images always fit
+        service.answered_cached()
         return hit
 
     def shared_key(payload: dict, frames: bool) -> bytes | None:

@@ -104,17 +104,22 @@ class ToolCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: str, count_miss: bool = True) -> ToolResult | None:
-        """The cached result (a hit), or ``None`` (a miss, unless ``count_miss`` is false: a caller
-        that looks first and then makes the counted call)."""
+    def get(self, key: str, count: bool = True) -> ToolResult | None:
+        """The cached result (a hit), or ``None`` (a miss); ``count=False`` counts neither: a caller
+        that only looks first (its counted call comes after, or it counts the hit it used)."""
         with self._lock:
             result = self._data.get(key)
             if result is None:
-                self.misses += count_miss
+                self.misses += count
                 return None
             self._data.move_to_end(key)
-            self.hits += 1
+            self.hits += count
             return result
+
+    def count_hit(self) -> None:
+        """Count a hit a caller looked up with ``get(count=False)`` and then used."""
+        with self._lock:
+            self.hits += 1
 
     def put(self, key: str, result: ToolResult) -> None:
         size = result_nbytes(result)

@@ -5,8 +5,8 @@ and retries with exponential backoff only what is safe and quick to retry (conne
 reset, 502/503/504) within that deadline. The connections are a minimal HTTP/1.1 client on the
 standard library's sockets (:class:`Connection`, with ``TCP_NODELAY``), not ``httpx`` as elsewhere in
 the project nor ``http.client``: a tool call is on the rollout's critical path, and a request costs
-~40 us of client CPU there instead of ~220 us (``http.client``) or ~0.9 ms (``httpx``)
-(``benchmarks/bench_tools.py`` measures the remote overhead). A timeout, a dead server or a refusal becomes a
+about a third of ``http.client``'s client CPU (``benchmarks/bench_group.py``, its per-request floor
+table; ``benchmarks/bench_tools.py`` measures the remote overhead per tool). A timeout, a dead server or a refusal becomes a
 :class:`ToolBackendError` whose message the env shows the model; the episode goes on.
 
 The bearer token is read from the environment variable named by ``token_env`` and is never
@@ -92,9 +92,9 @@ MAX_HEADERS = 100
 
 class Connection:
     """One keep-alive HTTP/1.1 connection: a request goes out in one ``sendall``, and the answer is
-    read with a few ``readline`` calls. The standard library's ``http.client`` costs ~220 us of
-    client CPU a request on the 2-core VM, mostly parsing headers through ``email``; this costs ~40
-    (``benchmarks/bench_tools.py``, the remote overhead). It speaks what a tool server, the router
+    read with a few ``readline`` calls. The standard library's ``http.client`` spends most of its
+    client CPU parsing headers through ``email``; this takes about a third of it
+    (``benchmarks/bench_group.py``, the per-request floor table). It speaks what a tool server, the router
     or a proxy in front of them answers: ``content-length`` or ``chunked`` bodies, or a body up to
     the connection's close. Transport failures raise ``OSError`` or ``http.client.HTTPException``
     (``RemoteDisconnected`` when a kept connection was closed by the server before answering)."""

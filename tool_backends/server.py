@@ -181,9 +181,9 @@ async def _plain(send, status: int, detail: str) -> None:
 class FastCall:
     """ASGI middleware answering ``POST /call`` itself with ``answer(headers, body)`` (the server's
     ``/call`` handler), bypassing FastAPI's per-request routing, request and response objects and
-    :class:`BodyLimit`'s task per body part: on the 2-core VM they cost more server CPU than uvicorn
-    itself (BENCHMARKS.md, "per-request floor"), and a GRPO group of 8 remote clients pays them 9
-    times. Same limits and answers: bodies over ``limit`` get 413, a body part later than
+    :class:`BodyLimit`'s task per body part: on the 2-core VM they cost as much server CPU as uvicorn
+    itself, and a GRPO group of 8 remote clients pays them 9 times (``benchmarks/bench_group.py``
+    compares a served call with a bare uvicorn app). Same limits and answers: bodies over ``limit`` get 413, a body part later than
     ``read_timeout_s`` 408, and an ``HTTPException`` its ``{"detail": ...}``. Everything else goes
     on to ``app``; an unexpected error propagates to Starlette's error middleware (a 500)."""
 

@@ -49,7 +49,8 @@ from tool_backends.single_flight import (AsyncSingleFlight, ForwardedImages, Ima
                                          request_key)
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends.trajectories import TrajectoryObserver
-from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, is_under, pack_frames,
+from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, entry_kind, is_under,
+                                pack_frames,
                                 result_to_wire, target_index)
 
 log = logging.getLogger(__name__)
@@ -585,11 +586,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not isinstance(images, list):
             return None
         named = []
-        for entry in images:
+        for entry in images:  # each already checked to be exactly one kind (check_images)
             if entry is None or (isinstance(entry, dict) and set(entry) == {"ref"}):
                 named.append(entry)
             elif isinstance(entry, dict) and isinstance(entry.get("digest"), str) and ("raw" in entry or "png" in entry):
-                named.append({"ref": entry["digest"]})  # the base64 is not serialised again
+                # the upload is decoded as the image of this digest (checked against its pixels, or
+                # the stored image of that digest): shared under it. The base64 is not serialised again.
+                named.append({"ref": entry["digest"]})
             else:
                 return None
         try:
@@ -597,6 +600,22 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         except (TypeError, ValueError):
             return None
         return request_key(blob.encode(), "frames" if frames else "json")
+
+    def check_images(payload: Any) -> None:
+        """400 unless ``payload["images"]`` is a list of at most ``max_images`` entries, each
+        ``None``, a verl-tool string or exactly one kind of entry (:func:`~tool_backends.wire.entry_kind`):
+        before any wait, any sharing and any forwarding."""
+        images = payload.get("images") if isinstance(payload, dict) else None
+        if images is None:
+            return
+        if not isinstance(images, list) or len(images) > settings.max_images:
+            raise HTTPException(400, f"expected 'images' to be a list of at most {settings.max_images} entries")
+        try:
+            for entry in images:
+                if entry is not None and not isinstance(entry, str):
+                    entry_kind(entry)
+        except WireError as e:
+            raise HTTPException(400, str(e)) from None
 
     def uploads(payload: dict) -> bool:
         """Whether a call carries image bytes (not only references)."""
@@ -613,6 +632,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             payload = json.loads(raw)
         except Exception:
             raise HTTPException(400, "expected a JSON body") from None
+        check_images(payload)
         if proxy:
             name = payload.get("tool") if isinstance(payload, dict) else None
             if isinstance(name, str) and name in proxy:  # forwarded under the same concurrency and queue limits

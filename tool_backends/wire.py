@@ -140,6 +140,37 @@ def is_under(path: str | os.PathLike, roots: Sequence[str | os.PathLike]) -> boo
     return False
 
 
+ENTRY_KEYS = {"ref": {"ref"}, "png": {"png", "digest"}, "raw": {"raw", "size", "digest"},
+              "path": {"path", "digest"}}
+"""The keys each kind of image entry may have: an entry is a reference, an upload or a path, never a mix."""
+
+
+def entry_kind(entry: Any) -> str:
+    """Which kind of image entry ``entry`` is (``ref``, ``png``, ``raw`` or ``path``); a
+    :class:`WireError` for anything else. An entry is decoded as exactly what it names, and shared
+    (single-flight, cache) under that name only, so a mix -- a ``ref`` carrying a ``digest`` or
+    bytes besides, two payloads -- is refused: it would be decoded as one image and shared as
+    another's.
+
+    >>> entry_kind({"ref": "ab"}), entry_kind({"png": "...", "digest": "ab"})
+    ('ref', 'png')
+    >>> entry_kind({"ref": "ab", "digest": "cd", "png": "..."})
+    Traceback (most recent call last):
+    ...
+    tool_backends.wire.WireError: expected an image entry with exactly one of 'png', 'raw', 'path' or 'ref' (keys {'ref'}, {'png', 'digest'?}, {'raw', 'size', 'digest'?} or {'path', 'digest'?}, a string digest), got keys ['digest', 'png', 'ref']
+    """
+    if not isinstance(entry, Mapping):
+        raise WireError(f"expected an image entry object, got {type(entry).__name__}")
+    kinds = [k for k in ENTRY_KEYS if k in entry]
+    if len(kinds) != 1 or not set(entry) <= ENTRY_KEYS[kinds[0]] or (
+            "digest" in entry and not isinstance(entry["digest"], str)) or (
+            kinds == ["ref"] and not isinstance(entry["ref"], str)):
+        raise WireError("expected an image entry with exactly one of 'png', 'raw', 'path' or 'ref' (keys {'ref'}, "
+                        "{'png', 'digest'?}, {'raw', 'size', 'digest'?} or {'path', 'digest'?}, a string digest), "
+                        f"got keys {sorted(map(str, entry))}")
+    return kinds[0]
+
+
 def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_pixels: int = DEFAULT_MAX_PIXELS,
                        store: ImageStore | None = None) -> Image.Image:
     """Inverse of :func:`encode_image`. A ``path`` is opened only if it lies under ``roots``;
@@ -153,9 +184,8 @@ def decode_image_entry(entry: Any, roots: Sequence[str | os.PathLike] = (), max_
             except DatasetError as e:
                 raise WireError(str(e)) from None
         entry = {"path": entry}
-    if not isinstance(entry, Mapping):
-        raise WireError(f"expected an image entry object, got {type(entry).__name__}")
-    if "ref" in entry:
+    kind = entry_kind(entry)
+    if kind == "ref":
         image = store.get(str(entry["ref"])) if store is not None else None
         if image is None:
             raise UnknownImage(f"unknown image ref {str(entry['ref'])[:40]!r}: send the image itself")

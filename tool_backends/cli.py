@@ -8,6 +8,7 @@ Examples::
     medvqa-tools serve --tools segment,ground --port 7660 --engine segment=classical,ground=oracle
     medvqa-tools serve --tools segment --engine sam --tool-opt segment.model=/models/medsam
     medvqa-tools router --port 5800 --upstream segment=http://127.0.0.1:7660,ground=http://127.0.0.1:7688
+    medvqa-tools mcp --tools segment,ground --engine classical              # MCP on stdio (--transport http: :7670/mcp)
 
 A server bound to anything but loopback needs ``--token-env NAME`` (the variable holding the token).
 """
@@ -159,6 +160,18 @@ class RouterArgs(ServerArgs):
 
 
 @dataclass
+class McpArgs(ServeArgs):
+    """Serve tools over the Model Context Protocol (stdio or streamable HTTP)."""
+
+    transport: str = "stdio"
+    """stdio (the client starts this process) or http (streamable HTTP on --host:--port at --path)"""
+    port: int = 7670
+    """port to listen on (--transport http)"""
+    path: str = "/mcp"
+    """the streamable-HTTP endpoint's path"""
+
+
+@dataclass
 class ListArgs:
     """List tools and engines (or a running server's tools with --url)."""
 
@@ -166,7 +179,7 @@ class ListArgs:
     """a running tool server"""
 
 
-COMMANDS = {"serve": ServeArgs, "router": RouterArgs, "list": ListArgs}
+COMMANDS = {"serve": ServeArgs, "router": RouterArgs, "mcp": McpArgs, "list": ListArgs}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,6 +250,8 @@ def _run(command: str, args) -> int:
         print(f"medvqa-tools: serving {names} on http://{args.host}:{args.port}", flush=True)
         serve(app, args.host, args.port, args.log_level)
         return 0
+    if command == "mcp":
+        return _mcp(args)
     if command == "router":
         if not args.upstream:
             raise ConfigError("expected --upstream tool=http://host:port,...")
@@ -252,6 +267,26 @@ def _run(command: str, args) -> int:
         serve(app, args.host, args.port, args.log_level)
         return 0
     return 1
+
+
+def _mcp(args) -> int:
+    """``medvqa-tools mcp``: the tools as an MCP server (:mod:`tool_backends.mcp_server`)."""
+    if args.transport not in ("stdio", "http"):
+        raise ConfigError(f"expected --transport stdio or http, got {args.transport!r}")
+    from tool_backends.mcp_server import MCPTools, run_stdio, serve_http
+    from tool_backends.registry import available_tools, build_tool
+    from tool_backends.toolbox import LocalBackend
+
+    names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else available_tools()
+    options = tool_options(names, args.engine, args.tool_opt)
+    backend = LocalBackend([build_tool(n, **options[n]) for n in names])
+    tools = MCPTools({n: backend for n in names}, _settings(args))
+    if args.transport == "stdio":  # stdout is the protocol's: say nothing there
+        run_stdio(tools)
+        return 0
+    print(f"medvqa-tools: MCP tools {names} on http://{args.host}:{args.port}{args.path}", flush=True)
+    serve_http(tools, args.port, args.path, args.log_level)
+    return 0
 
 
 def _list(args) -> int:

@@ -38,6 +38,10 @@ def describe_tools(tools: Any, build: bool = False) -> dict[str, dict[str, Any]]
                 options[key] = shown_path(Path(options[key]).expanduser())
         desc: dict[str, Any] = {"backend": entry["backend"], "engine": entry.get("engine", "default"),
                                 "options": _public(options), "path": None, "content_hash": None, "manifest": None}
+        if entry["backend"] == "local" and _takes_observation_image(name):  # what its images are, resolved
+            from tool_backends.observation_image import ObservationImage
+
+            desc["observation_image"] = ObservationImage.parse(options.get("observation_image")).to_dict()
         kind = TOOL_ENGINE_KIND.get(name)
         if entry["backend"] == "local" and kind in ("ground", "segment", "classify"):
             folder = _tool_folder(kind, entry, build)
@@ -45,6 +49,16 @@ def describe_tools(tools: Any, build: bool = False) -> dict[str, dict[str, Any]]
                 desc.update(_describe_folder(folder))
         out[name] = desc
     return out
+
+
+def _takes_observation_image(name: str) -> bool:
+    """Whether tool ``name`` (or the tool it is an alias of) has an ``observation_image`` option."""
+    import inspect
+
+    from tool_backends.builtin import TOOL_ALIASES, TOOL_CLASSES
+
+    cls = TOOL_CLASSES.get(TOOL_ALIASES.get(name, (name,))[0])
+    return cls is not None and "observation_image" in inspect.signature(cls.__init__).parameters
 
 
 def _tool_folder(kind: str, entry: Mapping[str, Any], build: bool) -> Path | None:
@@ -133,7 +147,9 @@ def tool_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) ->
             detail = f" ({'; '.join(changed)})" if changed else ""
             out.append(f"{name}: content hash {_short(a) if a else 'none'} -> {_short(b) if b else 'none'}{detail}")
             continue
-        for key in ("backend", "engine", "options"):
+        for key in ("backend", "engine", "options", "observation_image"):
+            if key == "observation_image" and (old.get(key) is None or new.get(key) is None):
+                continue  # a record from before the setting was recorded: nothing to compare
             if _json(old.get(key)) != _json(new.get(key)):
                 out.append(f"{name}: {key} {_short(old.get(key))} -> {_short(new.get(key))}")
     return out

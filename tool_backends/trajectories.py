@@ -11,8 +11,6 @@ not before; a turn over ``max_action_chars`` observes the parser's length error.
 
 from __future__ import annotations
 
-import base64
-import io
 import threading
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
@@ -35,9 +33,11 @@ class _Undecoded:
 
 
 def data_url(image: Image.Image) -> str:
-    buf = io.BytesIO()
-    image.convert("RGB").save(buf, format="PNG", compress_level=1)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    """An observation image as a data URL, through :func:`tool_backends.observation_image.data_url`
+    (a tool's ``observation_image`` setting: its JPEG/WebP bytes as encoded; else PNG as before)."""
+    from tool_backends.observation_image import data_url as observation_data_url
+
+    return observation_data_url(image)
 
 
 class TrajectoryObserver:

@@ -9,6 +9,7 @@ from PIL import Image
 from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_min_size, resolve_bbox, show_box, unit
+from tool_backends.observation_image import ObservationImage, attach, policy_image
 
 
 def zoomed_size(box: tuple[int, int, int, int], target_short_side: int, max_side: int) -> tuple[int, int]:
@@ -43,13 +44,21 @@ class ZoomTool(Tool):
     model nothing); the crop is enlarged until its short side is ``target_short_side``, never past
     ``max_side``. ``box_convention`` (``pixels``, ``qwen3_grid``, ``normalized``) is how the
     policy writes boxes by default; ``name`` renames the tool (the seed's and verl's names).
+
+    ``observation_image`` (:mod:`tool_backends.observation_image`: ``max_side``, ``format``,
+    ``quality``) is what the policy gets: the crop is drawn at most ``max_side`` a side in one
+    resample, and in a lossy format its pixels are the decoded JPEG/WebP, whose bytes
+    ``/get_observation`` sends as they are. Such a crop travels over ``/call`` as pixels, not as a
+    recipe (a client's redraw would skip the codec). ``None``: today's crop, lossless.
     """
 
     def __init__(self, min_size: int = 28, target_short_side: int = 336, max_side: int = 1024,
-                 box_convention: str = "pixels", name: str = "image_zoom_in") -> None:
+                 box_convention: str = "pixels", name: str = "image_zoom_in",
+                 observation_image: ObservationImage | dict | str | None = None) -> None:
         self.min_size = int(min_size)
         self.target_short_side = int(target_short_side)
-        self.max_side = int(max_side)
+        self.observation_image = None if observation_image is None else ObservationImage.parse(observation_image)
+        self.max_side = int(max_side) if self.observation_image is None else self.observation_image.cap(max_side)
         self.spec = ToolSpec(
             name=name,
             description=(
@@ -76,11 +85,27 @@ class ZoomTool(Tool):
         box = resolve_bbox(arguments["bbox"], image.size, coords)
         box = expand_to_min_size(box, image.size, self.min_size)
         size = zoomed_size(box, self.target_short_side, self.max_side)
+        data = {"region": list(box), "image_index": source, "size": list(size), "image_recipe": "crop"}
+        setting = self.observation_image
         # Drawn when first read: a server that sends the crop as a recipe never draws it.
-        crop = LazyImage(lambda: crop_to_size(image, box, size), size, image.mode)
+        if setting is None or setting.lossless:
+            crop = LazyImage(lambda: crop_to_size(image, box, size), size, image.mode)
+            if setting is not None:
+                attach(crop, setting)
+        else:  # the policy sees the decoded JPEG/WebP; its bytes go with it
+            crop = LazyImage(lambda: _encoded_crop(crop, image, box, size, setting), size, "RGB")
+            attach(crop, setting)
+            del data["image_recipe"]
         return ToolResult(
             text=(f"Zoomed into region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source}; "
                   f"enlarged to {size[0]}x{size[1]}."),
             images=[crop],
-            data={"region": list(box), "image_index": source, "size": list(size), "image_recipe": "crop"},
+            data=data,
         )
+
+
+def _encoded_crop(crop: LazyImage, image: Image.Image, box, size, setting: ObservationImage) -> Image.Image:
+    """A lossy crop's pixels (decoded from its encoding); the bytes stay on the lazy ``crop``."""
+    decoded = policy_image(crop_to_size(image, box, size), setting)
+    attach(crop, setting, getattr(decoded, "_medvqa_observation_bytes"))
+    return decoded

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from eval.answers import diversity_by_answer_type
+from eval.failures import run_failures
 from eval.scoring import OPEN_METRICS
 from eval.summary import MAX_FAILURES, EvalSummary, GroupSummary, MetricValue
 from eval.usage import token_usage
@@ -208,6 +209,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], k: int = 1, run: Mapping[str, A
                           for name, group in _group_by(rows, key).items()})
     # what was not measured leads the summary: errors (above) and the rows the loader skipped
     s.n_scored, s.n_errors = s.overall.n_scored, s.overall.n_errors
+    for name, value in run_failures(rows).items():  # what failed, named (eval.failures)
+        setattr(s, name, value)
     loaded = s.run.get("dataset_provenance") or {}
     s.n_skipped_records = int(loaded.get("n_skipped", 0))
     s.skipped_by_reason = dict(loaded.get("skipped_by_reason") or {})

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from eval.summary import EvalSummary, GroupSummary, MetricValue
 from eval.usage import usage_lines
 
+RUN_TOOL_KINDS = ("tool_unavailable", "tool_crash")
 MAX_LISTED = 50  # failed episodes listed in report.md / report.html
 
 # (field, column title, is a percentage)
@@ -113,7 +114,9 @@ def _run_lines(summary: EvalSummary) -> list[str]:
              f"seed {run.get('seed')}",
              f"- tools: `{json.dumps(run.get('tools'))}`, max turns {run.get('max_turns')}, "
              f"answer protocol `{run.get('answer_protocol')}`",
-             f"- errors: {json.dumps(summary.errors_by_kind) if summary.errors_by_kind else 'none'}",
+             f"- errors: {json.dumps(summary.errors_by_kind) if summary.errors_by_kind else 'none'}; "
+             f"failed episodes: {summary.n_failed}"
+             + (f" {json.dumps(summary.failed_by_kind)}" if summary.failed_by_kind else ""),
              f"- metrics available: {json.dumps(summary.metrics_available)}"]
     lines += usage_lines(run, summary.usage)
     if t.get("episodes_per_s"):
@@ -133,6 +136,12 @@ def errors_line(summary: EvalSummary) -> str:
     'Errors: none; 4 of 4 episodes scored. Dataset rows skipped by the loader: 0.'
     """
     kinds = ", ".join(f"{k} {n}" for k, n in summary.errors_by_kind.items())
+    tool_kinds = {k: n for k, n in summary.failed_by_kind.items() if k in RUN_TOOL_KINDS}
+    prefix = ""
+    if tool_kinds:  # tools that died under scored episodes: said first, never "Errors: none" alone
+        listed = ", ".join(f"{k} {n}" for k, n in sorted({**summary.errors_by_kind, **tool_kinds}.items())
+                           if k != "judge_error")
+        prefix = f"Failures: {summary.n_failed} of {summary.n_episodes} episodes ({listed}). "
     if summary.n_errors:
         line = f"Errors: {summary.n_errors} of {summary.n_episodes} episodes ({kinds}); {summary.n_scored} scored."
     else:
@@ -143,12 +152,26 @@ def errors_line(summary: EvalSummary) -> str:
         line += f" Dataset rows skipped by the loader: {summary.n_skipped_records} ({reasons})."
     elif summary.run.get("dataset_provenance") is not None:  # a loader's dataset: its count, even 0
         line += " Dataset rows skipped by the loader: 0."
-    return line
+    return prefix + line
+
+
+def failure_list(summary: EvalSummary) -> list[str]:
+    """The report's second block: every failure source named (tool, server, file, reason), or nothing."""
+    from eval.failures import describe_source
+
+    lines = [describe_source(src) for src in summary.failure_sources]
+    if summary.failure_sources_omitted:
+        lines.append(f"... and {summary.failure_sources_omitted} more (summary.json, episodes.jsonl)")
+    return lines
 
 
 def to_markdown(summary: EvalSummary, title: str | None = None) -> str:
     lines = [f"# {title or 'Evaluation: ' + str(summary.run.get('agent', {}).get('name', 'agent'))}", "",
-             f"**{errors_line(summary)}**", "", *_run_lines(summary), ""]
+             f"**{errors_line(summary)}**", ""]
+    failed = failure_list(summary)
+    if failed:
+        lines += ["What failed:", "", *[f"- {line}" for line in failed], ""]
+    lines += [*_run_lines(summary), ""]
     for name, header, rows in tables(summary):
         lines += [f"## {name}", "", *_md_table(header, rows), ""]
     return "\n".join(lines)
@@ -226,7 +249,11 @@ def to_html(summary: EvalSummary, images: Mapping[str, bytes], title: str | None
              "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}</style></head><body>",
              f"<h1>{esc(title or 'Evaluation: ' + str(summary.run.get('agent', {}).get('name', 'agent')))}</h1>",
-             f"<p><strong>{esc(errors_line(summary))}</strong></p><ul>"]
+             f"<p><strong>{esc(errors_line(summary))}</strong></p>"]
+    failed = failure_list(summary)
+    if failed:
+        parts += ["<p>What failed:</p><ul>", *[f"<li>{esc(line)}</li>" for line in failed], "</ul>"]
+    parts.append("<ul>")
     parts += [f"<li>{esc(line[2:]).replace('`', '')}</li>" for line in _run_lines(summary)]
     parts.append("</ul>")
     for name, png in images.items():

@@ -12,9 +12,11 @@ A trainer's checkpoint is evaluated as it was trained: ``--agent vlm --agent-opt
 takes the checkpoint's tool turns, tools, answer protocol, prompt, chat rendering and image size
 unless a flag sets them (a differing flag is warned about; see :mod:`eval.trained_settings`);
 ``--device cuda --dtype bfloat16`` on a GPU. Every flag is shown with its
-default by ``--help``; user errors print ``medvqa-eval: error: ...`` and exit 2. A run that scored
-nothing, or whose share of episodes with an error is over ``--max-error-rate`` (default 0.05), says
-so on stderr and exits 1 (its results and reports are written all the same).
+default by ``--help``; user errors print ``medvqa-eval: error: ...`` and exit 2. Every failure (a
+tool unavailable or crashed, an image not decoded, a worker crash) is named on stderr as it first
+happens and again at the end, by tool, server, file and reason. A run that scored nothing, or whose
+share of failed episodes is over ``--max-failure-rate`` (default 0.05), says so in one line on stderr
+and exits 1 (its results and reports are written all the same).
 """
 
 from __future__ import annotations
@@ -107,9 +109,10 @@ class RunArgs:
     """retries per judge request"""
     judge_max_tokens: int = 200
     """tokens the judge may write"""
-    max_error_rate: float = 0.05
-    """exit 1 when more than this share of the episodes recorded an error, or none was scored
-    (``eval.summary.MAX_ERROR_RATE``; 1 never fails on errors, only on nothing scored)"""
+    max_failure_rate: float = field(default=0.05, metadata={"cli": {"alias": ["--max-error-rate"]}})
+    """exit 1 when more than this share of the episodes failed -- a tool unavailable or crashed, an
+    image not decoded, a worker crash, an env or agent error (``eval.failures``) -- or none was
+    scored (1 never fails on failures, only on nothing scored; ``--max-error-rate`` is its old name)"""
     overwrite: bool = False
     """discard earlier results in --out"""
     allow_changed: str = ""
@@ -268,11 +271,23 @@ def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
         print(f"\nimage ablation '{mode}': " + "; ".join(f"{k} {v['normal']:.3f} -> {v['ablated']:.3f}" for k, v in shown.items()))
     print(f"\nWrote {Path(run.out) / 'report.md'}, report.html, summary.json, episodes.jsonl")
     print(compare_hint(run.out))
-    problem = summary.scoring_problem(run.max_error_rate)
+    for line in failure_lines(summary):
+        print(f"{PROG}: {line}", file=sys.stderr)
+    problem = summary.scoring_problem(run.max_failure_rate)
     if problem:  # a sweep must not read an unscored run as a result
         print(f"{PROG}: {problem}; see the failures in {Path(run.out) / 'report.md'}", file=sys.stderr)
         return 1
     return 0
+
+
+def failure_lines(summary) -> list[str]:
+    """What failed in the run, one line per source (tool at server, file, reason), for stderr."""
+    from eval.failures import describe_source
+
+    lines = [describe_source(src) for src in summary.failure_sources]
+    if summary.failure_sources_omitted:
+        lines.append(f"... and {summary.failure_sources_omitted} more failure sources (summary.json, episodes.jsonl)")
+    return lines
 
 
 def compare_hint(out: str | Path) -> str:

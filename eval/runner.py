@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,6 +36,7 @@ from medvqa_env.chat import Conversation
 from medvqa_env.images import LazyImage
 from medvqa_env.records import VQADataset, VQARecord
 from medvqa_env.pool import EnvPool, PoolSpec
+from eval.failures import episode_failures, is_run_failure, describe_source, tool_servers
 from eval.results import RESULTS_FILE, ResultsWriter, episode_key, load_results
 from eval.scoring import OpenMetrics, tool_stats
 from eval.selection import describe_selection, of_answer_types, select_records
@@ -164,7 +166,7 @@ class _Progress:
 
     def __init__(self, total: int, enabled: bool, desc: str) -> None:
         self.bar = None
-        self.correct = self.scored = self.errors = 0
+        self.correct = self.scored = self.errors = self.failed = 0
         if enabled:
             try:
                 from tqdm.auto import tqdm
@@ -179,10 +181,18 @@ class _Progress:
         elif row.get("correct") is not None:
             self.scored += 1
             self.correct += bool(row["correct"])
+        self.failed += any(is_run_failure(f["kind"]) for f in row.get("failures") or ())
         if self.bar is not None:
             acc = self.correct / self.scored if self.scored else 0.0
-            self.bar.set_postfix(acc=f"{acc:.3f}", errors=self.errors, refresh=False)
+            self.bar.set_postfix(acc=f"{acc:.3f}", errors=self.errors, failed=self.failed, refresh=False)
             self.bar.update(1)
+
+    def note(self, text: str) -> None:
+        """One line on stderr, above the bar when there is one."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -237,6 +247,8 @@ class Runner:
         self.rows: dict[str, dict[str, Any]] = {}  # rows written in this call, by key (latest)
         self._metrics: OpenMetrics | None = None  # loaded on the first OPEN answer
         self._metrics_error: str | None = None
+        self.servers = _tool_servers(config.tools)  # tool -> its server's URL or "local", to name failures
+        self._sources_seen: set[tuple] = set()  # failure sources already announced on stderr
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def _todo(self, done: set[str]) -> deque[_Episode]:
@@ -279,7 +291,21 @@ class Runner:
             row["metrics_error"] = score["metrics_error"]
         if score.get("references"):  # every accepted answer (VQA-Med's '#'): scored as the best of them
             row["references"] = score["references"]
+        # what failed under this episode, named (eval.failures); tools_failed marks it in episodes.jsonl
+        row["image_paths"] = [str(p) for p in r.image_paths]
+        row["failures"] = episode_failures(row, self.servers, row["image_paths"])
+        row["tools_failed"] = any(f["kind"] in ("tool_unavailable", "tool_crash") for f in row["failures"])
         return row
+
+    def _announce(self, row: Mapping[str, Any], progress: "_Progress") -> None:
+        """Say on stderr, once per source (a tool at a server, a file), that something failed."""
+        for f in row["failures"]:
+            key = (f["kind"], f["tool"], f["server"]) if f["tool"] else (f["kind"], f["reason"][:80])
+            if key in self._sources_seen or not is_run_failure(f["kind"]):
+                continue
+            self._sources_seen.add(key)
+            progress.note("medvqa-eval: failure: " + describe_source(
+                {**f, "episodes": 1, "first": row["key"], "last": row["key"]}) + " -- counted in the report")
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
@@ -351,6 +377,7 @@ class Runner:
             for row in unwritten:
                 if row["key"] not in self.rows:
                     progress.update(row)
+                    self._announce(row, progress)
                 self.rows[row["key"]] = row
             unwritten.clear()
 
@@ -544,6 +571,18 @@ class Runner:
         return out
 
 
+def _tool_servers(tools: Any) -> dict[str, str]:
+    """Tool -> server URL (or ``local``) for a tool config as :class:`EvalConfig` holds it."""
+    if hasattr(tools, "names"):  # a Toolbox handed in
+        return {}
+    try:
+        from tool_backends.config import load_tool_config
+
+        return tool_servers(load_tool_config(tools))
+    except Exception:  # noqa: BLE001 -- a bad config fails where the env builds it, with its own message
+        return {}
+
+
 def eval_reward(name: str):
     """The env reward an evaluation records per episode (see :attr:`EvalConfig.reward`)."""
     from rewards import ByAnswerType, ExactMatchReward, RuleReward, default_reward
@@ -711,4 +750,10 @@ def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_di
         rows = new_rows
     timing = {"wall_s": wall, "new_episodes": len(new_rows),
               "episodes_per_s": len(new_rows) / wall if new_rows and wall > 0 else None}
-    return summarize(rows, k=config.k, run=info, timing=timing, resamples=config.bootstrap, seed=config.seed)
+    summary = summarize(rows, k=config.k, run=info, timing=timing, resamples=config.bootstrap, seed=config.seed)
+    if out_dir is not None:  # what failed, named, beside the setup it failed under
+        info["failures"] = {"n_episodes": summary.n_episodes, "n_failed": summary.n_failed,
+                            "failed_by_kind": summary.failed_by_kind, "failure_sources": summary.failure_sources}
+        (Path(out_dir) / "run.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+        summary.run = dict(info)
+    return summary

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-SCHEMA_VERSION = 3  # 2: n_scored per group, failures listed; 3: leads with errors and skipped dataset rows
+SCHEMA_VERSION = 4  # 2: n_scored per group, failures listed; 3: leads with errors and skipped dataset rows;
+# 4: failures named per source (tool, server, file, reason): n_failed, failed_by_kind, failure_sources
 
 
 @dataclass
@@ -78,8 +79,9 @@ METRIC_NAMES = tuple(f.name for f in fields(GroupSummary) if f.type in ("MetricV
 
 
 MAX_ERROR_RATE = 0.05
-"""``medvqa-eval --max-error-rate``'s default: a run whose share of episodes that recorded an error
-(:attr:`EvalSummary.n_errors` / ``n_episodes``) is above it, or that scored nothing, exits 1."""
+"""``medvqa-eval --max-failure-rate``'s default (``eval.failures.MAX_FAILURE_RATE``): a run whose share
+of failed episodes (:attr:`EvalSummary.n_failed` / ``n_episodes``) is above it, or that scored
+nothing, exits 1."""
 
 
 @dataclass
@@ -97,6 +99,19 @@ class EvalSummary:
     n_skipped_records: int = 0
     """Dataset rows the loader left out (``on_invalid="skip"``; listed in ``skipped_records.jsonl``)."""
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    n_failed: int = 0
+    """Episodes something outside the agent failed under: a tool unavailable or crashed, an image
+    that could not be decoded, a dead worker, an env or agent error (:mod:`eval.failures`; a tool
+    that refused the agent's arguments and a judge error do not count)."""
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
+    """Episodes per failure kind (``tool_unavailable``, ``tool_crash``, ``tool_error``,
+    ``dataset_error``, ``worker_crash``, ...): an episode counts once per kind."""
+    tool_failed_episodes: int = 0
+    """Episodes with at least one failed tool call (any tool kind)."""
+    failure_sources: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per source: ``kind``, ``tool``, ``server``, ``file``, ``reason``, ``episodes``,
+    ``calls``, ``first`` / ``last`` episode key; the ones that fail the run first, most episodes first."""
+    failure_sources_omitted: int = 0
     run: dict[str, Any] = field(default_factory=dict)
     """Agent config, dataset, split, k, seed, tools... (``run.json``)."""
     k: int = 1
@@ -127,26 +142,24 @@ class EvalSummary:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def scoring_problem(self, max_error_rate: float = MAX_ERROR_RATE) -> str | None:
-        """Why this run must not pass as a result (nothing scored, or more than ``max_error_rate``
-        of its episodes recorded an error), or ``None``.
+    def scoring_problem(self, max_failure_rate: float = MAX_ERROR_RATE) -> str | None:
+        """Why this run must not pass as a result (nothing scored, or more than ``max_failure_rate``
+        of its episodes failed, :attr:`n_failed`), or ``None``.
 
         >>> EvalSummary(n_episodes=5, n_errors=5, errors_by_kind={"dataset_error": 5}).scoring_problem()
         'no episode was scored: 5 of 5 episodes recorded an error (dataset_error 5)'
-        >>> EvalSummary(n_episodes=10, n_scored=10, n_errors=1, errors_by_kind={"agent_error": 1}).scoring_problem()
-        '1 of 10 episodes (10.0%) recorded an error, over --max-error-rate 0.05 (agent_error 1)'
+        >>> EvalSummary(n_episodes=10, n_scored=10, n_failed=1, failed_by_kind={"agent_error": 1}).scoring_problem()
+        '1 of 10 episodes (10.0%) failed, over --max-failure-rate 0.05 (agent_error 1)'
         >>> EvalSummary(n_episodes=10, n_scored=10).scoring_problem() is None
         True
         """
+        from eval.failures import failure_problem
+
         kinds = ", ".join(f"{k} {n}" for k, n in self.errors_by_kind.items() if k != "judge_error") or "no errors"
         if self.n_episodes == 0 or self.n_scored == 0:
             return (f"no episode was scored: {self.n_errors} of {self.n_episodes} episodes recorded an error "
                     f"({kinds})")
-        rate = self.n_errors / self.n_episodes
-        if rate > max_error_rate:
-            return (f"{self.n_errors} of {self.n_episodes} episodes ({rate:.1%}) recorded an error, over "
-                    f"--max-error-rate {max_error_rate:g} ({kinds})")
-        return None
+        return failure_problem(self.n_failed, self.n_episodes, self.failed_by_kind, max_failure_rate)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EvalSummary":

@@ -60,16 +60,20 @@ def test_a_run_that_scores_nothing_exits_1(tmp_path, capsys):
     assert "(5 of 5 records have an unreadable image; on_invalid='skip' loads the others" in err
 
 
-def test_error_share_over_max_error_rate_exits_1(tmp_path, capsys):
+def test_failure_share_over_max_failure_rate_exits_1(tmp_path, capsys):
     from eval.run import main
 
     manifest = write_manifest(tmp_path / "data", n=6)
     _break_images(manifest, {"q01"})
     args = ["--dataset", str(manifest), *BASE]
     assert main([*args, "--out", str(tmp_path / "a")]) == 1  # 1 of 6 > 0.05
-    assert "1 of 6 episodes (16.7%) recorded an error, over --max-error-rate 0.05 (dataset_error 1)" in \
-        capsys.readouterr().err
-    assert main([*args, "--out", str(tmp_path / "b"), "--max-error-rate", "0.2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"medvqa-eval: 1 of 6 episodes (16.7%) failed, over --max-failure-rate 0.05 (dataset_error 1); see the " \
+           f"failures in {tmp_path / 'a' / 'report.md'}" in err
+    # the file is named, on stderr as it happens and at the end
+    assert sum(f"dataset_error: file {manifest.parent / 'img' / '1.png'}: " in line for line in err) == 2, err
+    assert main([*args, "--out", str(tmp_path / "b"), "--max-failure-rate", "0.2"]) == 0
+    assert main([*args, "--out", str(tmp_path / "b2"), "--max-error-rate", "0.2"]) == 0  # the old name
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert (summary["n_episodes"], summary["n_scored"], summary["n_errors"]) == (6, 5, 1)
     assert (tmp_path / "b" / "report.md").read_text().splitlines()[2] == \

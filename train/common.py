@@ -67,7 +67,7 @@ def reward_spec(name: str | None, options: Sequence[str] | Mapping[str, Any] | N
 
 def env_kwargs(dataset: str, split: str, tools: Any, max_turns: int, dataset_options: Mapping | Sequence | None = None,
                *, tool_options: Sequence[str] | None = None, answer_protocol: str = "boxed",
-               reward: str | None = None) -> dict:
+               reward: str | None = None, format_penalty: float = 0.0) -> dict:
     """Plain keyword arguments for :class:`~medvqa_env.env.MedVQAEnv` (what pools and actors get):
     the tool config resolved (so a typo fails here, once), loader options parsed."""
     from medvqa_env.config import parse_options
@@ -78,6 +78,8 @@ def env_kwargs(dataset: str, split: str, tools: Any, max_turns: int, dataset_opt
            "answer_protocol": answer_protocol}
     if reward is not None:
         out["reward"] = reward
+    if format_penalty:  # the env's reward for a turn that neither calls a tool nor answers
+        out["format_penalty"] = float(format_penalty)
     return out
 
 
@@ -85,7 +87,8 @@ def run_env_kwargs(args: Any, split: str) -> dict:
     """:func:`env_kwargs` from a trainer's ``Args`` (its dataset, tools, reward, protocol)."""
     return env_kwargs(args.dataset, split, args.tools, args.max_turns, args.dataset_opt,
                       tool_options=args.tool_opt, answer_protocol=args.answer_protocol,
-                      reward=reward_spec(args.reward, args.reward_opt))
+                      reward=reward_spec(args.reward, args.reward_opt),
+                      format_penalty=float(getattr(args, "format_penalty", 0.0) or 0.0))
 
 
 def system_prompt_of(args: Any) -> str | None:
@@ -201,6 +204,9 @@ MAY_CHANGE_ON_RESUME = frozenset({
 })
 """Settings that do not change what is learned; anything else differing refuses a resume."""
 
+NEW_SETTINGS = frozenset({"format_penalty"})
+"""Settings added after runs were recorded: a record without one ran with its default."""
+
 
 def resolved_config(args: Any) -> dict[str, Any]:
     """``args`` as JSON, plus what it resolves to (tool config, reward, prompt) and provenance."""
@@ -250,7 +256,9 @@ def check_resume(out: Path, args: Any, checkpoint: Path | None) -> None:
     if checkpoint is None or not path.is_file():
         return
     record = json.loads(path.read_text())
-    old = record.get("args", {})
+    # a setting the record lacks did not exist when it was written: the run had its default
+    defaults = {f.name: f.default for f in dataclasses.fields(args) if f.default is not dataclasses.MISSING}
+    old = {**{k: v for k, v in defaults.items() if k in NEW_SETTINGS}, **record.get("args", {})}
     allowed = [a.strip() for a in str(getattr(args, "allow_changed", "") or "").split(",") if a.strip()]
     diffs = [] if "all" in allowed else config_differences(old, dataclasses.asdict(args), allowed)
     if diffs:

@@ -59,6 +59,15 @@ class Args:
     """also evaluate with the images ``blank`` and/or ``shuffle``d (comma list)"""
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``auto``"""
+    probe_samples: int = 0
+    """also probe what RL would start from (:mod:`train.probe`): the gold tool call forced, and this many
+    episodes per question sampled at ``--temperature`` (0 = no probe); figures under ``probe`` in ``--out``"""
+    temperature: float = 0.7
+    """the probe's sampling temperature (the GRPO rollouts')"""
+    seed: int = 0
+    """the probe's sampling seed"""
+    format_penalty: float = 0.0
+    """the env's reward for a turn that neither calls a tool nor answers (as in the run evaluated)"""
     torch_threads: int = 1
     """torch CPU threads"""
 
@@ -84,16 +93,30 @@ def evaluate_policy(args: Args) -> dict[str, Any]:
     pool = EnvPool(run_env_kwargs(args, args.split), min(len(indices), 32))
     try:
         metrics = evaluate_heldout(model, encoder, pool, indices, args.max_new_tokens, answers_path=answers, tag=None)
+        probed = None
+        if args.probe_samples > 0:
+            from medvqa_env.datasets import load_dataset
+            from medvqa_env.config import parse_options
+            from train.probe import probe_model
+            from train.protocol import metric_key
+
+            dataset = load_dataset(args.dataset, split=args.split, **parse_options(args.dataset_opt, "--dataset-opt"))
+            probed = probe_model(model, encoder, pool, dataset, indices, metric_key(args.answer_types),
+                                 args.max_new_tokens, args.temperature, args.probe_samples, args.seed)
     finally:
         pool.close()
     metrics.update(evaluate_ablations(model, encoder, args, indices, answers, None))
     record = resolved_config(args)  # the tools it ran with by content hash (built by now), the commit, versions
     result = {"policy": str(args.policy), "kind": kind, "split": args.split, "questions": len(indices),
-              "metrics": metrics, "answers": answers.name, "wall_s": time.perf_counter() - start,
+              "metrics": metrics, **({"probe": probed} if probed is not None else {}), "answers": answers.name, "wall_s": time.perf_counter() - start,
               "tool_identity": record["resolved"].get("tool_identity"), "provenance": record["provenance"]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.policy} on {args.split} ({result['questions']} questions): accuracy {m['eval/accuracy']:.3f}, "
               f"reward {m['eval/reward_mean']:.3f}, {m['eval/distinct_answers']:.0f} distinct answers, "
               f"tool calls {m['eval/calls_per_episode']:.2f}/episode -> {args.out}")
+        p = result.get("probe")
+        if p:
+            print(f"probe: forced tool call {p['forced']:.3f}, sampled (T={args.temperature}, {p['samples']}/question) "
+                  f"{p['sampled']:.3f}, sampled call rate {p['call_rate']:.2f}, calling {_f(p['calling'])} vs "
+                  f"direct {_f(p['direct'])}")
         return 0
 
     return run_cli("python -m train.evaluate", run)

@@ -84,6 +84,9 @@ class Args:
     """the env's reward: ``default`` (rule + ARMed for OPEN), ``armed``, ``rule``, ``medix``, ``grasp``, ``<name>+tools``"""
     reward_opt: list[str] = field(default_factory=list)
     """reward option ``key=value`` (repeatable)"""
+    format_penalty: float = 0.0
+    """the env's reward for a turn that neither calls a tool nor answers (e.g. -0.2), added to the episode's
+    return: without it such a turn costs nothing (issue 42: a policy drifted into ``yes}`` then ``\boxed{yes}``)"""
     answer_protocol: str = "boxed"
     """``boxed`` (seed 000's \\boxed{}) or ``xml`` (MediX-R1's <answer>)"""
     max_turns: int = 3

@@ -8,11 +8,15 @@ One command runs the whole comparison, resumably, and writes what a reader needs
    baseline seed ``k`` still share their tools (a paired comparison). Each build is named by the
    SHA-256 of its folder in the report's ``identity`` block, with the data, the warm starts and
    the commit.
-1. **Warm start, chosen on val.** Per tool build, one SFT run on gold trajectories
-   (``train.sft``), evaluated on the *val* split at every saved checkpoint; the checkpoint with the
-   best val metric (accuracy for CLOSED/MCQ, ARMed Avg for OPEN; ties go to the later step) is that
-   build's warm start, and the record says whether the choice stood out of the val noise. The test
-   split is never looked at to choose anything.
+1. **Warm start, chosen on val by what RL will use** (issue 42). Per tool build, one SFT run on
+   gold trajectories (``train.sft``); every saved checkpoint is probed on the *val* split
+   (:mod:`train.probe`): the score with the gold tool call forced as the first turn, the score of
+   episodes sampled at the rollout temperature, their tool-call rate and the score of the calling
+   and the direct ones. The rule, fixed in advance (:func:`choose_warm_start`): keep the candidates
+   within two standard errors of the best forced-call score, of those the ones within two of the
+   best sampled score, and take the latest. Greedy accuracy, which cannot see tool use (a greedy
+   warm start never calls), is recorded beside them and chooses nothing. Every candidate's figures
+   are in ``warm_start_b<k>.json``. The test split is never looked at to choose anything.
 2. **GRPO** (``train.grpo``) from that warm start, one run per seed (>= 5), held-out evaluation on
    the test split every few steps, images ablated at the end (``blank``: for the policy and the
    tools; ``blank_policy``: for the policy only, the tools see the real image; ``shuffle``).
@@ -126,6 +130,13 @@ class Args:
     """which baselines to run"""
     demo_prompt: bool = True
     """the short CPU prompt naming the ``ground`` call (see train.common.SHORT_SYSTEM_PROMPT)"""
+    probe_samples: int = 4
+    """sampled val episodes per question (at ``temperature``) when probing each warm-start candidate"""
+    format_penalty: float = -0.2
+    """the env's reward for a turn that neither calls a tool nor answers, in every reward-trained run (GRPO);
+    fixed in advance, not tuned (records before issue 42 ran with 0)"""
+    kl_coef: float = 0.01
+    """GRPO's KL coefficient to the warm start (k3), recorded"""
 
 
 # ==============================================================================================
@@ -187,6 +198,8 @@ def _common(args: Args, tools: str | None = None, build: int = 0) -> list[str]:
         argv += ["--dataset-opt", opt]
     if args.reward:
         argv += ["--reward", args.reward]
+    if args.format_penalty:  # every run's env (rewards of SFT and evaluations are only logged)
+        argv += ["--format_penalty", str(args.format_penalty)]
     return argv
 
 
@@ -241,28 +254,64 @@ def warm_names(out: Path, build: int) -> tuple[str, str, Path]:
     return f"warm_sft_b{build}", f"warm_test_b{build}", out / f"warm_start_b{build}.json"
 
 
-def choose_warm_start(val_by_step: dict[int, float], n_questions: int) -> dict[str, Any]:
-    """The best val checkpoint (ties: the later step), and whether it stands out of the val noise:
-    its lead over the runner-up against two binomial standard errors of the best's val figure.
+CHOICE_RULE = ("forced-call score, then sampled score at the rollout temperature, each keeping the candidates "
+               "within two standard errors of the best; the latest step left is chosen")
+"""How a warm start is chosen among the probed candidates (:func:`choose_warm_start`), fixed in advance."""
 
-    >>> c = choose_warm_start({25: 0.50, 50: 0.515, 75: 0.505}, 200)
-    >>> c["chosen_step"], c["lead"], c["within_noise"]
+
+def greedy_lead(val_by_step: Mapping[int, float], n_questions: int) -> dict[str, Any]:
+    """The greedy val figures' best step and its lead over the runner-up against two binomial
+    standard errors -- what the protocol chose by before issue 42, recorded as ``blind_choice``.
+
+    >>> c = greedy_lead({25: 0.50, 50: 0.515, 75: 0.505}, 200)
+    >>> c["step"], c["lead"], c["within_noise"]
     (50, 0.01, True)
-    >>> choose_warm_start({25: 0.50, 50: 0.90}, 200)["within_noise"]
-    False
     """
     best = max(val_by_step, key=lambda s: (val_by_step[s], s))
     others = [v for s, v in val_by_step.items() if s != best]
     p = min(max(val_by_step[best], 0.0), 1.0)
     se = math.sqrt(p * (1 - p) / max(1, n_questions))
     lead = round(val_by_step[best] - max(others), 6) if others else None
-    return {"chosen_step": best, "lead": lead, "val_se": se,
-            "within_noise": bool(lead is not None and lead < 2 * se)}
+    return {"step": best, "lead": lead, "val_se": se, "within_noise": bool(lead is not None and lead < 2 * se)}
+
+
+def choose_warm_start(candidates: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The warm start among probed checkpoints (``step -> train.probe figures``), by
+    :data:`CHOICE_RULE`: the forced-call score keeps the candidates within two standard errors of
+    its best, the sampled score does the same among those, and the latest step left wins.
+    ``within_noise``: more than one candidate was left, so the fixed rule decided.
+
+    A case like CLOSED build 2 (step 50 answers at chance with the tool's answer in front of it,
+    step 150 reads it; greedily both answer without a call, step 50 one question ahead):
+
+    >>> c = choose_warm_start({50: {"greedy": 0.505, "forced": 0.48, "forced_se": 0.05, "sampled": 0.52, "sampled_se": 0.03},
+    ...                        150: {"greedy": 0.495, "forced": 0.718, "forced_se": 0.045, "sampled": 0.55, "sampled_se": 0.03}})
+    >>> c["chosen_step"], c["within_noise"], [st["kept"] for st in c["stages"]]
+    (150, False, [[150], [150]])
+    >>> choose_warm_start({25: {"forced": 0.70, "forced_se": 0.03, "sampled": 0.6, "sampled_se": 0.03},
+    ...                    50: {"forced": 0.72, "forced_se": 0.03, "sampled": 0.6, "sampled_se": 0.03}})["chosen_step"]
+    50
+    """
+    if not candidates:
+        raise ValueError("expected at least one warm-start candidate, got none")
+    left = sorted(int(s) for s in candidates)
+    stages = []
+    for measure in ("forced", "sampled"):
+        have = [s for s in left if isinstance(candidates[s].get(measure), (int, float))]
+        if not have:
+            continue
+        best = max(have, key=lambda s: (candidates[s][measure], s))
+        floor = candidates[best][measure] - 2 * float(candidates[best].get(f"{measure}_se") or 0.0)
+        left = [s for s in have if candidates[s][measure] >= floor - 1e-12]
+        stages.append({"measure": measure, "best_step": best, "best": candidates[best][measure],
+                       "floor": round(floor, 6), "kept": left})
+    return {"chosen_step": max(left), "rule": CHOICE_RULE, "stages": stages, "within_noise": len(left) > 1}
 
 
 def warm_start(args: Args, out: Path, build: int = 0) -> dict[str, Any]:
-    """SFT (seed = the tool build) with a val evaluation at every checkpoint; the best val
-    checkpoint is the warm start of the runs on tool build ``build``."""
+    """SFT (seed = the tool build) with a checkpoint every ``sft_save_every`` steps, each probed on
+    val (:func:`probe_candidate`); :func:`choose_warm_start` picks the warm start of the runs on tool
+    build ``build``, and its test figure is measured once chosen."""
     key = metric_key(args.answer_types)
     sft_name, test_name, choice_file = warm_names(out, build)
     argv = ["--policy", args.policy, "--seed", str(build), "--steps", str(args.sft_steps), "--batch_size",
@@ -275,17 +324,35 @@ def warm_start(args: Args, out: Path, build: int = 0) -> dict[str, Any]:
     run(out, sft_name, "train.sft", argv)
     ran = json.loads((out / sft_name / "args.json").read_text())["args"]  # what the run evaluated on, not what we meant
     evals = {r["step"]: r[key] for r in read_jsonl(out / sft_name / "metrics.jsonl") if key in r and r["step"] > 0}
-    candidates = {s: v for s, v in evals.items() if (out / sft_name / "checkpoints" / f"step_{s:06d}").is_dir()}
-    if not candidates:
+    steps = sorted(s for s in evals if (out / sft_name / "checkpoints" / f"step_{s:06d}").is_dir())
+    if not steps:
         raise RuntimeError(f"no SFT checkpoint with a val evaluation under {out / sft_name}")
-    chosen = choose_warm_start(candidates, int(ran["eval_size"]))
-    choice = {"metric": key, "split": ran["eval_split"], "tool_build": build, "val_by_step": candidates, **chosen,
+    probes = {s: probe_candidate(args, out, build, f"{sft_name}/checkpoints/step_{s:06d}", s) for s in steps}
+    chosen = choose_warm_start(probes)
+    blind = greedy_lead({s: evals[s] for s in steps}, int(ran["eval_size"]))
+    choice = {"metric": key, "split": ran["eval_split"], "tool_build": build,
+              "val_by_step": {s: evals[s] for s in steps}, "candidates": probes, **chosen,
+              "blind_choice": blind, "probe_samples": args.probe_samples, "temperature": args.temperature,
               "checkpoint": f"{sft_name}/checkpoints/step_{chosen['chosen_step']:06d}"}  # relative to the protocol folder
     choice_file.write_text(json.dumps(choice, indent=1) + "\n")
     ev = ["--policy", str(out / choice["checkpoint"]), "--split", "test", "--eval_size", str(args.eval_size),
           "--ablations", args.ablations, "--out", str(out / test_name / "eval.json"), *_common(args, build=build)]
     run(out, test_name, "train.evaluate", ev)
     return choice
+
+
+def probe_name(build: int, step: int) -> str:
+    return f"warm_probe_b{build}_{step:06d}"
+
+
+def probe_candidate(args: Args, out: Path, build: int, checkpoint: str, step: int) -> dict[str, Any]:
+    """:mod:`train.probe`'s figures of one warm-start candidate on val (a ``train.evaluate`` run)."""
+    name = probe_name(build, step)
+    ev = ["--policy", str(out / checkpoint), "--split", "val", "--eval_size", str(args.val_size),
+          "--probe_samples", str(max(1, args.probe_samples)), "--temperature", str(args.temperature),
+          "--seed", str(build), "--out", str(out / name / "eval.json"), *_common(args, build=build)]
+    run(out, name, "train.evaluate", ev)
+    return json.loads((out / name / "eval.json").read_text())["probe"]
 
 
 def warm_checkpoint(out: Path, choice: dict[str, Any]) -> str:
@@ -305,7 +372,7 @@ def grpo_runs(args: Args, out: Path, warm: dict[int, dict[str, Any]]) -> None:
                 "--lr", str(args.grpo_lr), "--temperature", str(args.temperature), "--micro_batch",
                 str(args.micro_batch), "--eval_split", "test", "--eval_size", str(args.eval_size), "--eval_every",
                 str(args.eval_every), "--eval_ablations", args.ablations, "--save_every", str(args.grpo_steps),
-                "--keep", "1", "--tensorboard", "false", "--out", str(out / f"grpo_s{seed}"),
+                "--keep", "1", "--tensorboard", "false", "--kl_coef", str(args.kl_coef), "--out", str(out / f"grpo_s{seed}"),
                 *_common(args, build=build)]
         run(out, f"grpo_s{seed}", "train.grpo", argv)
 
@@ -611,7 +678,9 @@ def recorded_args(saved: dict[str, Any], out: Path) -> Args:
     """The :class:`Args` a ``protocol.json`` was made with, reading its run files from ``out`` (a
     protocol recorded before tool builds ran every seed on one build)."""
     known = {f for f in Args.__dataclass_fields__}
-    return Args(**{"tool_builds": 1, **{k: v for k, v in saved.items() if k in known}, "out": str(out)})
+    # settings added later: what the recorded runs had (one build, no format penalty, no probe)
+    before = {"tool_builds": 1, "format_penalty": 0.0, "probe_samples": 0}
+    return Args(**{**before, **{k: v for k, v in saved.items() if k in known}, "out": str(out)})
 
 
 def write_report(out: Path, result: dict[str, Any]) -> Path:

@@ -49,6 +49,10 @@ class Trajectory:
     format_ok: bool | None = None
     tool_calls: list[str] = field(default_factory=list)
     tool_errors: int = 0
+    invalid_turns: int = 0
+    """turns that neither called a tool nor answered (the env's ``parsed.kind == "invalid"``)"""
+    turn_rewards: float = 0.0
+    """what the env gave before the last turn (its ``format_penalty`` for invalid turns); in ``reward``"""
     end_reason: str | None = None
     record_id: str | None = None
     answer_type: str | None = None
@@ -252,9 +256,11 @@ def collect_rollouts(generator: Generator, pool: EnvPool, encoder: ChatEncoder, 
                 traj.tool_calls.append(call["name"])
                 traj.tool_errors += int(call.get("error") is not None)
                 traj.tool_latency_s += float(call.get("latency_s") or 0.0)
+            traj.invalid_turns += int((info.get("parsed") or {}).get("kind") == "invalid")
             if terminated or truncated:
                 _finish(traj, reward, info)
                 continue
+            traj.turn_rewards += float(reward)  # the env's format penalty for a turn that did nothing
             convs[i].add_turn(texts[i], obs)
             if not traj.response_ids or traj.response_ids[-1] != encoder.eos_token_id:
                 traj.extend(Encoded([encoder.eos_token_id]), trained=False)  # close a cut-off turn
@@ -330,7 +336,7 @@ def fill_groups(sample_round: Callable[[int], RolloutBatch], want_groups: int,
 
 def _finish(traj: Trajectory, reward: float, info: dict) -> None:
     comps = dict(info.get("reward_components") or {})
-    traj.reward = float(reward)
+    traj.reward = float(reward) + traj.turn_rewards  # the episode's return: earlier turns' penalties too
     traj.components = comps
     traj.correct = info.get("correct")
     traj.format_ok = info.get("format_ok")
@@ -343,8 +349,10 @@ def _drain(pool: EnvPool, slot: int, traj: Trajectory) -> None:
     """End an over-long episode: empty turns until the env truncates (bounded by its max_turns)."""
     for _ in range(64):
         obs, reward, terminated, truncated, info = pool.step({slot: ""})[slot]
+        traj.invalid_turns += int((info.get("parsed") or {}).get("kind") == "invalid")
         if terminated or truncated:
             _finish(traj, reward, info)
             return
+        traj.turn_rewards += float(reward)
     traj.end_reason = "token_limit"
 

@@ -89,6 +89,8 @@ class Args:
     """the env's reward (see train.grpo --reward); only logged here"""
     reward_opt: list[str] = field(default_factory=list)
     """reward option ``key=value`` (repeatable)"""
+    format_penalty: float = 0.0
+    """the env's reward for a turn that neither calls a tool nor answers (only logged here, as the reward)"""
     answer_protocol: str = "boxed"
     """the env's answer protocol; the gold trajectories are written with ``\\boxed{}``, so only ``boxed``"""
     tool_share: float = 1.0

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from train import grpo, protocol, sft
+from train import evaluate, grpo, protocol, sft
 from train.common import parse_args
 
 TOOLS = "ground=trained"
@@ -26,9 +26,15 @@ def runs(monkeypatch):
         cls = {"train.sft": sft.Args, "train.grpo": grpo.Args}.get(module)
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        if cls is None:  # train.evaluate: the warm start's test figure
-            (out / name / "eval.json").write_text(json.dumps({"metrics": {"eval/accuracy": 0.5}}))
-            calls.append((name, module, argv))
+        if cls is None:  # train.evaluate: the warm start's test figure, or a candidate's val probe
+            ev = parse_args(evaluate.Args, argv)
+            result = {"metrics": {"eval/accuracy": 0.5}}
+            if ev.probe_samples:  # a later checkpoint reads the tool better (forced call), samples alike
+                step = int(ev.policy.rsplit("_", 1)[1])
+                result["probe"] = {"greedy": 0.5, "forced": 0.5 + 0.004 * step, "forced_se": 0.02,
+                                   "sampled": 0.55, "sampled_se": 0.03, "call_rate": 0.1}
+            (out / name / "eval.json").write_text(json.dumps(result))
+            calls.append((name, module, ev))
         else:
             args = parse_args(cls, argv)
             calls.append((name, module, args))
@@ -56,12 +62,17 @@ def _args(tmp_path, **kw):
 def test_the_warm_start_is_chosen_on_val_and_records_the_split_that_ran(tmp_path, runs):
     args = _args(tmp_path)
     choice = protocol.warm_start(args, tmp_path, build=1)
-    (name, module, sft_args), _ = runs
+    (name, module, sft_args), *probes, _ = runs
     assert (name, module) == ("warm_sft_b1", "train.sft") and sft_args.eval_split == "val"
+    assert [(n, a.split, a.probe_samples, a.temperature) for n, _, a in probes] == [
+        (f"warm_probe_b1_{s:06d}", "val", 4, 0.7) for s in (25, 50)]  # every candidate, on val, at GRPO's temperature
+    assert all(a.format_penalty == -0.2 and "ground.seed=1" in a.tool_opt for _, _, a in probes)
     assert choice["split"] == "val" and choice["tool_build"] == 1
     assert sft_args.seed == 1 and "ground.seed=1" in sft_args.tool_opt  # this build's tool and seed
     assert choice["checkpoint"] == "warm_sft_b1/checkpoints/step_000050"  # relative: no machine's path
-    assert json.loads((tmp_path / "warm_start_b1.json").read_text())["chosen_step"] == 50
+    record = json.loads((tmp_path / "warm_start_b1.json").read_text())
+    assert record["chosen_step"] == 50 and set(record["candidates"]) == {"25", "50"}  # every candidate's figures
+    assert record["rule"] == protocol.CHOICE_RULE and record["blind_choice"]["step"] == 50
 
 
 def test_every_run_gets_its_seed_and_its_seeds_tool_build(tmp_path, runs):
@@ -74,6 +85,7 @@ def test_every_run_gets_its_seed_and_its_seeds_tool_build(tmp_path, runs):
         build = seed % 3
         g = by_name[f"grpo_s{seed}"]
         assert g.seed == seed and g.eval_split == "test"
+        assert (g.format_penalty, g.kl_coef) == (args.format_penalty, args.kl_coef) == (-0.2, 0.01)
         assert g.tool_opt == [f"ground.seed={build}"]
         assert g.policy == str(tmp_path / f"warm_sft_b{build}" / "checkpoints" / "step_000050")
         for base in ("more_sft", "tool_sft"):

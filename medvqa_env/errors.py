@@ -19,6 +19,11 @@ class DatasetError(MedVQAError, ValueError):
     """A manifest or record is malformed, or an image it names is missing or unreadable."""
 
 
+class DecodeError(DatasetError):
+    """An image file is there but its pixels cannot be decoded (corrupt, truncated, or a format no
+    installed decoder reads); the message names the file and, for a DICOM, its transfer syntax."""
+
+
 class ConfigError(MedVQAError, ValueError):
     """A configuration names something unknown or holds a value of the wrong kind."""
 

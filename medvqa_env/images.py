@@ -6,7 +6,8 @@ windowed, never clipped), DICOM and NIfTI (the ``medical`` extra, see
 window: ``ct.nii.gz#slice=40&window=40,400`` (:func:`image_ref` builds one).
 
 A missing, truncated, corrupt, unreadable or decompression-bomb file becomes a
-:class:`DatasetError` that names the record and the file.
+:class:`DatasetError` that names the record and the file (a :class:`DecodeError` when the file is
+there but its pixels cannot be decoded).
 
 Also here, because every layer above needs them: :class:`ImageCache` (decoded images by file, so
 the copies of a GRPO group decode their question's image once), :func:`image_digest` (the content
@@ -30,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from medvqa_env.errors import DatasetError
+from medvqa_env.errors import DatasetError, DecodeError
 from medvqa_env.medical_images import (ImageOptions, Pixels, image_ref, read_medical, resolve_window, sniff_format,
                                        split_image_ref, volume_limit, window_to_uint8)
 
@@ -156,7 +157,7 @@ def _open_with_pillow(data: bytes, where: str, max_pixels: int, options: ImageOp
             message = "not a format Pillow, pydicom or nibabel recognise"
         else:
             message = _OBJECT_REPR.sub("the data", str(e)) or type(e).__name__
-        raise DatasetError(f"{where} is not a readable image: {message}") from None
+        raise DecodeError(f"{where} is not a readable image: {message}") from None
     return img
 
 
@@ -180,7 +181,7 @@ def _open_tiff_stack(data: bytes, where: str, max_pixels: int, options: ImageOpt
     except DatasetError:
         raise
     except Exception as e:
-        raise DatasetError(f"{where} is not a readable image: {type(e).__name__}: {e}") from None
+        raise DecodeError(f"{where} is not a readable image: {type(e).__name__}: {e}") from None
     if colour:
         array = array.reshape((-1,) + array.shape[-3:])
     else:

@@ -23,7 +23,6 @@ import gzip
 import importlib
 import io
 import re
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from medvqa_env.errors import DatasetError
+from medvqa_env.errors import DatasetError, DecodeError
 
 MAX_VOLUME_BYTES = 1 << 30
 """A DICOM's, NIfTI's or TIFF stack's decoded pixels may take at most this much memory (1 GiB);
@@ -243,13 +242,14 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     except DatasetError:
         raise
     except Exception as e:  # pydicom raises many types on garbage
-        raise DatasetError(f"{where} is not a readable DICOM image: {type(e).__name__}: {e}") from None
+        raise DecodeError(f"{where} is not a readable DICOM image: {type(e).__name__}: {e}") from None
+    cut = truncated or _cut_short(ds, data, has_pixels)
+    if cut or (not has_pixels and "Rows" in ds and "Columns" in ds):  # a header, its pixels gone
+        raise DecodeError(f"{where} is a truncated DICOM (transfer syntax {_syntax_name(ds)}): the file ends "
+                          f"at byte {len(data)} " + (f"before its pixel data ends (pydicom: {cut.replace(' in file <no filename>', '')})"
+                                                     if truncated else cut or "before its pixel data"))
     if not has_pixels or not rows or not cols:
-        if truncated or ("Rows" in ds and "Columns" in ds and not has_pixels):  # a header, its pixels gone
-            raise DatasetError(f"{where} is a truncated DICOM (transfer syntax {_syntax_name(ds)}): the file ends "
-                               f"at byte {len(data)} before its pixel data"
-                               + (f" (pydicom: {truncated.replace(' in file <no filename>', '')})" if truncated else ""))
-        raise DatasetError(f"{where} is a DICOM without an image (modality {ds.get('Modality')!r}, no pixel data)")
+        raise DecodeError(f"{where} is a DICOM without an image (modality {ds.get('Modality')!r}, no pixel data)")
     frames = int(_first_number(ds.get("NumberOfFrames", 1)) or 1)
     samples = int(ds.get("SamplesPerPixel", 1) or 1)
     if rows * cols > max_pixels:
@@ -258,7 +258,7 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
         raise DatasetError(f"{where} holds {frames} frames of {cols}x{rows}: over the {volume_limit(max_pixels) >> 20} "
                            "MiB limit for one file")
     frame = _pick(options.slice, frames, 0, "frame", where)
-    arr = _decode_pixels(ds, where)
+    arr = _decode_pixels(ds, data, where)
     if frames > 1:
         arr = arr[frame]
     photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
@@ -279,6 +279,34 @@ def read_dicom(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
     centre, width = _first_number(ds.get("WindowCenter")), _first_number(ds.get("WindowWidth"))
     window = (centre, width) if centre is not None and width is not None and width > 0 else None
     return Pixels(out, window=window, invert=photometric == "MONOCHROME1")
+
+
+def _cut_short(ds, data: bytes, has_pixels: bool) -> str | None:
+    """Where a DICOM pydicom read without complaint was cut off, or ``None``: inside the file meta
+    header (it declares its length), inside an element (its value runs past the end), or part-way
+    into the header of an element after the last one read (bytes left that are no element)."""
+    n = len(data)
+    if data[128:132] == b"DICM":
+        declared = _first_number(getattr(ds, "file_meta", {}).get("FileMetaInformationGroupLength"))
+        if n < 144 or (declared is not None and n < 144 + int(declared)):
+            return ("before its file meta header ends" + (f" (it declares {int(declared)} bytes)" if declared else "")
+                    + ", long before its pixel data")
+    end = None
+    for tag in ds.keys():
+        try:
+            elem = ds.get_item(tag)
+        except Exception:  # noqa: BLE001 -- an element pydicom cannot even look at: not a cut
+            continue
+        tell, length = getattr(elem, "value_tell", None), getattr(elem, "length", None)
+        if tell is None or length is None or length == 0xFFFFFFFF:
+            continue
+        if tell + length > n:
+            what = "its pixel data" if int(tag) in (0x7FE00010, 0x7FE00008, 0x7FE00009) else f"element {tag}"
+            return f"inside {what}, which declares {length} bytes from byte {tell}"
+        end = max(end or 0, tell + length)
+    if not has_pixels and end is not None and 0 < n - end < 12:  # a cut element header: 8 or 12 bytes
+        return f"in the header of the element after {max(ds.keys())}, before its pixel data"
+    return None
 
 
 def dicom_decoders() -> dict[str, tuple[str, ...]]:
@@ -305,50 +333,63 @@ def _syntax_name(ds) -> str:
     return f"{getattr(syntax, 'name', syntax)!r} ({syntax})" if syntax else "unknown (no file meta)"
 
 
-# GDCM's JPEG 2000 path aborts the whole process (an uncaught C++ exception) on a corrupt
-# codestream header; where another plugin decodes JPEG 2000 (pylibjpeg-openjpeg), GDCM is not tried.
-_ABORTS_ON_CORRUPT = {"gdcm": ("JPEG 2000", "HTJ2K", "High-Throughput JPEG 2000")}
-_DECODE_LOCK = threading.Lock()
+def _plugins(ds) -> tuple[list[str], list[str]]:
+    """The decoder plugins for a DICOM's transfer syntax: ``(in this process, contained)``, each in
+    pydicom's order. Plugins that can abort the process (GDCM:
+    :data:`medvqa_env.contained_decode.ABORTING_PLUGINS`) are only ever run contained, after the
+    in-process ones (Pillow for JPEG, pylibjpeg-openjpeg for JPEG 2000) failed or where they are the
+    only ones installed. Uncompressed data: ``([""], [])``, pydicom's own decoder."""
+    from medvqa_env.contained_decode import ABORTING_PLUGINS
 
-
-def _plugins(ds) -> list[str]:
-    """The decoder plugins to try for a compressed DICOM, in pydicom's order ([""]: pydicom's choice)."""
     syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
     if syntax is None or not getattr(syntax, "is_compressed", False):
-        return [""]
+        return [""], []
     available = list(dicom_decoders().get(syntax.name, ()))
-    safe = [p for p in available
-            if not any(str(syntax.name).startswith(kind) for kind in _ABORTS_ON_CORRUPT.get(p, ()))]
-    return safe if safe and len(safe) < len(available) else [""]
+    return ([p for p in available if p not in ABORTING_PLUGINS], [p for p in available if p in ABORTING_PLUGINS])
 
 
-def _decode_pixels(ds, where: str) -> np.ndarray:
-    """``ds.pixel_array``, the decoders kept quiet: what they print (libjpeg's "Corrupt JPEG data",
-    OpenJPEG's marker errors) and pydicom's per-plugin tracebacks are captured, and a failure is one
-    :class:`DatasetError` line naming the file, the transfer syntax and each decoder's reason."""
+def _decode_pixels(ds, data: bytes, where: str) -> np.ndarray:
+    """``ds.pixel_array``, no decoder able to take the process down and none printing: in-process
+    plugins first, then the aborting ones in a child process (:mod:`medvqa_env.contained_decode`,
+    whose stderr is its own). Nothing here redirects this process's stderr, so other threads'
+    output is never lost. A failure is one :class:`DecodeError` line naming the file, the transfer
+    syntax and each decoder's reason (what the decoder printed, and how a child died, included)."""
+    from medvqa_env.contained_decode import DecodeFailed, shared_decoder
+
+    in_process, contained = _plugins(ds)
     failures: list[str] = []
-    for plugin in _plugins(ds):
-        with _DECODE_LOCK, _quiet_logger("pydicom"), _captured_stderr() as said, warnings.catch_warnings():
+    for plugin in in_process:
+        with _quiet_logger("pydicom"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 if plugin:
                     ds.pixel_array_options(decoding_plugin=plugin)
                 return np.asarray(ds.pixel_array)
             except Exception as e:  # noqa: BLE001 -- every decoder failure becomes the file's reason
-                error = e
-        failures.append(_reason(error, plugin, said))
-    raise DatasetError(_undecodable(ds, where, "; ".join(failures)))
+                failures.append(_reason(e, plugin, []))
+    for plugin in contained:
+        try:
+            return shared_decoder().decode(data, plugin)
+        except DecodeFailed as e:
+            failures.append(_reason(e.error if e.raised else e, plugin if e.raised else "", [e.said]))
+    raise DecodeError(_undecodable(ds, where, "; ".join(failures)))
 
 
 def _reason(error: Exception, plugin: str, said: list[str]) -> str:
     """One decoder failure as text: pydicom's "exceptions were raised by all available plugins"
-    list flattened, GDCM's empty buffer named for what it is, the decoder's own output appended."""
+    list flattened, GDCM's empty buffer named for what it is, the decoder's own output appended
+    (a contained decoder's death, :class:`medvqa_env.contained_decode.DecodeFailed`, as it says)."""
+    from medvqa_env.contained_decode import DecodeFailed
+
     text = str(error)
     lines = [line.strip() for line in text.splitlines()]
     if lines and lines[0].startswith("Unable to decode as exceptions were raised by all available plugins"):
         parts = [line for line in lines[1:] if line]
+    elif isinstance(error, DecodeFailed):
+        parts = [" ".join(lines)]
     else:
-        parts = [f"{plugin + ': ' if plugin else ''}{type(error).__name__}: {' '.join(lines)}"]
+        kind = getattr(error, "kind", type(error).__name__)  # a contained decoder's exception keeps its type's name
+        parts = [f"{plugin + ': ' if plugin else ''}{kind}: {' '.join(lines)}"]
     # pydicom's GDCM plugin calls .encode() on the frame GDCM returns: None when GDCM could not decode it
     parts = [p.replace("'NoneType' object has no attribute 'encode'", "the decoder returned no pixels (corrupt or "
                        "unsupported data)") for p in parts]
@@ -373,32 +414,6 @@ def _quiet_logger(name: str):
         logger.setLevel(level)
 
 
-@contextlib.contextmanager
-def _captured_stderr():
-    """Collect what C libraries write to file descriptor 2 while the block runs (yields a list that
-    holds the text afterwards); Python's ``sys.stderr`` is left alone."""
-    import os
-    import sys
-    import tempfile
-
-    said: list[str] = []
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no real fd 2 (embedded interpreters): capture nothing
-        yield said
-        return
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield said
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            said.append(sink.read(4096).decode("utf-8", "replace"))
-
-
 def _undecodable(ds, where: str, reason: str) -> str:
     """Why a DICOM's pixel data did not decode, naming the file and its transfer syntax."""
     syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
@@ -406,6 +421,9 @@ def _undecodable(ds, where: str, reason: str) -> str:
     if syntax is not None and getattr(syntax, "is_compressed", False) and not dicom_decoders().get(syntax.name):
         return (f"{where}: cannot decode its pixel data: transfer syntax {name} has no decoder installed "
                 f"(the medical extra decodes JPEG, JPEG-LS, JPEG 2000, HTJ2K and RLE; see docs/datasets.md)")
+    if "12-bit precision" in reason:  # pydicom's Pillow and GDCM plugins both refuse it
+        reason += ("; a 12-bit JPEG Extended image has no decoder in the medical extra (pylibjpeg-libjpeg, GPLv3, "
+                   "would decode it; see docs/datasets.md)")
     return f"{where}: cannot decode its pixel data (transfer syntax {name}): {reason}"
 
 
@@ -477,7 +495,7 @@ def _gunzip(data: bytes, where: str, limit: int = MAX_VOLUME_BYTES) -> bytes:
     except DatasetError:
         raise
     except (OSError, EOFError, ValueError) as e:
-        raise DatasetError(f"{where} is not a readable gzip-compressed NIfTI: {e}") from None
+        raise DecodeError(f"{where} is not a readable gzip-compressed NIfTI: {e}") from None
     if len(raw) > limit:
         raise DatasetError(f"{where} decompresses to over {limit >> 20} MiB")
     return raw
@@ -506,7 +524,7 @@ def read_nifti(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
         shape = tuple(int(s) for s in img.shape)
         ornt = nib.orientations.io_orientation(img.affine)
     except Exception as e:
-        raise DatasetError(f"{where} is not a readable NIfTI image: {type(e).__name__}: {e}") from None
+        raise DecodeError(f"{where} is not a readable NIfTI image: {type(e).__name__}: {e}") from None
     while len(shape) > 4 and shape[-1] == 1:
         shape = shape[:-1]
     if not 2 <= len(shape) <= 4:
@@ -533,7 +551,7 @@ def read_nifti(data: bytes, options: ImageOptions, where: str, max_pixels: int) 
             full = tuple(index) + ((volume,) if volume is not None else ())
             plane = np.asanyarray(img.dataobj[full + (0,) * (len(img.shape) - len(full))])
     except Exception as e:
-        raise DatasetError(f"{where}: cannot read its voxel data: {type(e).__name__}: {e}") from None
+        raise DecodeError(f"{where}: cannot read its voxel data: {type(e).__name__}: {e}") from None
     plane = np.asarray(plane, dtype=np.float64)
     for position, k in enumerate(others):  # make each remaining axis run the canonical way
         if ornt[k, 1] < 0:

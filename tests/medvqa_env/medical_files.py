@@ -75,3 +75,39 @@ def lesion_volume() -> np.ndarray:
     vol = np.full((64, 48, 9), -1000.0, dtype=np.float32)
     vol[:, :, 6] = phantom(40.0, 200.0).T  # (y, x) image -> (x, y) voxels
     return vol
+
+
+def write_jpeg_baseline_dicom(path: Path, grey: np.ndarray, quality: int = 90) -> Path:
+    """A JPEG Baseline (Process 1) DICOM of an 8-bit greyscale image, its frame encoded by Pillow."""
+    import io
+
+    from pydicom.dataset import FileDataset, FileMetaDataset
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEGBaseline8Bit, SecondaryCaptureImageStorage, generate_uid
+
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(grey, dtype=np.uint8)).save(buf, format="JPEG", quality=quality)
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = JPEGBaseline8Bit
+    ds = FileDataset(str(path), {}, file_meta=meta, preamble=b"\0" * 128)
+    ds.SOPClassUID, ds.SOPInstanceUID = SecondaryCaptureImageStorage, meta.MediaStorageSOPInstanceUID
+    ds.Modality, ds.PatientID = "OT", "TEST"
+    ds.Rows, ds.Columns = np.asarray(grey).shape
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.PixelData = encapsulate([buf.getvalue()])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(str(path), enforce_file_format=True)
+    return path
+
+
+def corrupt_jpeg_header(src: Path, dst: Path, fill: bytes = b"\x13", n: int = 60) -> Path:
+    """``src`` with the ``n`` bytes after its JPEG frame's SOI marker overwritten (APP0/DQT garbled):
+    GDCM 3.2 throws an uncaught C++ exception on this (SIGABRT) where Pillow raises cleanly."""
+    data = bytearray(Path(src).read_bytes())
+    soi = bytes(data).index(b"\xff\xd8\xff")
+    data[soi + 2: soi + 2 + n] = fill * n
+    Path(dst).write_bytes(bytes(data))
+    return Path(dst)

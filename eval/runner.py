@@ -14,7 +14,8 @@ repeats them exactly.
 
 Failures are data, per episode: a missing image (``dataset_error``), an agent that raises
 (``agent_error``; a failing batch is retried one conversation at a time to find the culprit), a
-broken env or tool (``env_error``), a dead worker (``worker_crash``), a judge that times out
+broken env or tool (``env_error``), a dead worker (``worker_crash``: only the episode that killed it,
+named with its record and files; the others it held start again, the suspects alone), a judge that times out
 (``judge_error``, the episode is kept with ``judge: null``).
 """
 
@@ -147,6 +148,19 @@ class _Episode:
     started: float = field(default_factory=time.perf_counter)
     agent_s: float = 0.0
     env_s: float = 0.0
+    suspect: bool = False
+    """It was in the command list a worker died running: it runs again alone, and dies alone if it is the cause."""
+    restarts: int = 0
+    """Times a dead worker took it and it started again from its reset."""
+
+    def again(self, suspect: bool) -> "_Episode":
+        """The same episode from its start (same seed): what a dead worker took from it is gone."""
+        return _Episode(self.key, self.index, self.sample, self.seed, self.record,
+                        suspect=self.suspect or suspect, restarts=self.restarts + 1)
+
+
+MAX_RESTARTS = 3
+"""An episode a dead worker took this many times is recorded as ``worker_crash`` whatever the cause."""
 
 
 @dataclass
@@ -159,6 +173,8 @@ class _Batch:
     wave: int
     commands: list[tuple] = field(default_factory=list)
     episodes: list[_Episode] = field(default_factory=list)
+    alone: bool = False
+    """One suspect's one command: if the worker dies running it, that episode is the cause."""
 
 
 class _Progress:
@@ -384,8 +400,8 @@ class Runner:
         def enqueue(ep: _Episode, command: tuple) -> None:
             """Queue a command for the episode's worker, joining the last list if it is of the same wave."""
             batches = queued[ep.worker]
-            if not batches or batches[-1].wave != ep.wave:
-                batches.append(_Batch(ep.wave))
+            if not batches or batches[-1].wave != ep.wave or batches[-1].alone or ep.suspect:
+                batches.append(_Batch(ep.wave, alone=ep.suspect))
             batches[-1].commands.append(command)
             batches[-1].episodes.append(ep)
 
@@ -405,7 +421,7 @@ class Runner:
             for w, results in answers:
                 batch, inflight[w] = inflight[w], None
                 if results is None:  # the worker died (and was restarted): its live episodes are lost
-                    self._lose_worker(w, batch.episodes, queued[w], ready, finish)
+                    self._lose_worker(w, batch, queued[w], ready, todo, free, finish)
                     continue
                 for ep, res in zip(batch.episodes, results):
                     ep.env_s += res.get("env_s", 0.0)
@@ -537,22 +553,51 @@ class Runner:
             row["metrics"] = metrics
             row["timing"]["score_s"] = share
 
-    def _lose_worker(self, worker: int, running: list[_Episode], queued: list[_Batch],
-                     ready: list[list[_Episode]], finish) -> None:
-        """A dead worker took the envs of every episode it held: the ones in the command list it
-        was running, the ones waiting for the agent and the ones with a step queued for it all
-        become ``worker_crash`` rows. Queued resets stay: the restarted worker can run them."""
-        lost = list(running)
+    def _lose_worker(self, worker: int, running: _Batch, queued: list[_Batch], ready: list[list[_Episode]],
+                     todo: deque[_Episode], free: list[list[list[int]]], finish) -> None:
+        """A dead worker took the envs of every episode it held. The one that killed it is found
+        and recorded; the others start again, so a crash costs only its own episode:
+
+        * the command list it was running: if it was one suspect's command run alone, that episode
+          is the cause -- a ``worker_crash`` row naming its record and files; otherwise each of its
+          episodes starts again as a *suspect*, whose commands run alone;
+        * the episodes waiting for the agent and the ones with a step queued behind it: not
+          running when it died, they start again (queued resets stay: the restarted worker runs them).
+
+        An episode taken :data:`MAX_RESTARTS` times is recorded as a crash whatever the cause."""
+        def crashed(ep: _Episode, why: str) -> None:
+            files = ", ".join(map(str, ep.record.image_paths))
+            finish(ep, error={"kind": "worker_crash", "message": f"the env worker process died {why} "
+                              f"(record {ep.record.id!r}, image {files})"})
+
+        lost: list[tuple[_Episode, bool]] = []  # (episode, was running)
+        if running.alone and len(running.episodes) == 1:
+            crashed(running.episodes[0], "running this episode alone")
+        else:
+            lost += [(ep, True) for ep in running.episodes]
         for waiting in ready:
-            lost += [ep for ep in waiting if ep.worker == worker]
+            lost += [(ep, False) for ep in waiting if ep.worker == worker]
             waiting[:] = [ep for ep in waiting if ep.worker != worker]
         for batch in queued:
-            lost += [ep for c, ep in zip(batch.commands, batch.episodes) if c[0] != "reset"]
+            lost += [(ep, False) for c, ep in zip(batch.commands, batch.episodes) if c[0] != "reset"]
             resets = [(c, ep) for c, ep in zip(batch.commands, batch.episodes) if c[0] == "reset"]
             batch.commands, batch.episodes = [c for c, _ in resets], [ep for _, ep in resets]
         queued[:] = [b for b in queued if b.commands]
-        for ep in lost:
-            finish(ep, error={"kind": "worker_crash", "message": "the env worker process died during this episode"})
+        again = []
+        for ep, was_running in lost:
+            if ep.restarts + 1 >= MAX_RESTARTS:
+                crashed(ep, f"under this episode {MAX_RESTARTS} times")
+                continue
+            free[ep.wave][ep.worker].append(ep.slot)
+            if ep.conversation is not None and self.config.workers:
+                for image in ep.conversation.images:
+                    if isinstance(image, LazyImage):
+                        image.expire(EXPIRED_IMAGE)
+            again.append(ep.again(suspect=was_running))
+        if again:
+            log.warning("env worker %d died; %d episode(s) it held start again (%d run alone to find the cause)",
+                        worker, len(again), sum(ep.suspect for ep in again))
+        todo.extendleft(reversed(again))
 
     def _judge(self, row: Mapping[str, Any]) -> dict[str, Any]:
         if row["prediction"] is None:

@@ -90,16 +90,30 @@ class WorkerKillingAgent(ScriptedAgent):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_a_dead_worker_loses_only_its_episodes(dataset, overlap):
+def test_a_worker_killed_once_loses_no_episode(dataset, overlap):
+    """Killed from outside (an OOM kill): no episode caused it, so every one it held starts again
+    and ends as it does serially (before: each became a ``worker_crash`` row)."""
     serial = by_key(run(ScriptedAgent(), dataset, k=2, workers=0))
     rows = run(WorkerKillingAgent(), dataset, k=2, workers=2, batch_size=8, overlap=overlap)
-    assert sorted(r["key"] for r in rows) == sorted(serial)  # every episode has its row
+    assert by_key(rows) == serial
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_record_that_kills_its_worker_loses_only_its_own_episode_and_is_named(dataset, overlap):
+    """Issue 41 item 2: the episode whose image aborts the worker is the one ``worker_crash`` row,
+    naming its record and file; the episodes that shared the worker are scored as serially."""
+    from eval_helpers import with_aborting_record
+
+    serial = by_key(run(ScriptedAgent(), dataset, workers=0))
+    bad = with_aborting_record(dataset, 5)
+    rows = run(ScriptedAgent(), bad, workers=2, batch_size=8, overlap=overlap)
     crashed = [r for r in rows if r["error"]]
-    assert crashed and all(r["error"]["kind"] == "worker_crash" for r in crashed)
-    assert len(crashed) < len(rows) // 2
-    for r in rows:
-        if not r["error"]:
-            assert by_key([r])[r["key"]] == serial[r["key"]]
+    assert [r["record_id"] for r in crashed] == ["q05"], [(r["record_id"], r["error"]) for r in crashed]
+    err = crashed[0]["error"]
+    assert err["kind"] == "worker_crash" and "record 'q05'" in err["message"]
+    assert bad[5].image_paths[0] in err["message"]
+    assert crashed[0]["failures"][0]["file"] == list(bad[5].image_paths)
+    assert {k: v for k, v in by_key(rows).items() if k != "q05#0"} == {k: v for k, v in serial.items() if k != "q05#0"}
 
 
 def test_overlap_needs_gather_all(dataset):

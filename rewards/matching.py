@@ -10,7 +10,10 @@ an answer is right or wrong in one place.
   of them, as the official VQA-Med evaluations count (open metrics take the best alternative:
   :mod:`rewards.armed`, :class:`eval.scoring.OpenMetrics`).
 * MCQ: the option letter the answer names (``(B)``, ``option b``, or the option's text).
-* CLOSED: yes/no synonyms folded (``present`` is yes, ``否`` is no), else normalised exact match.
+* CLOSED: yes/no synonyms folded (``present`` is yes, ``否`` is no; SLAKE-zh's echoed predicates
+  ``包含``/``不包含``, ``可以``/``不可以``, ``存在``/``不存在``, ``正常``/``不正常`` as yes/no:
+  :data:`rewards.normalize.CLOSED_YES`), a sentence read by its first clause (``Yes, ...``,
+  ``是的，...``), else normalised exact match.
 * OPEN: normalised exact match (:func:`rewards.normalize.normalize_text`: NFKC, case, every
   Unicode punctuation character, articles). A side that normalises to nothing never matches.
 
@@ -21,6 +24,8 @@ True
 (True, False)
 >>> matches("", ".", AnswerType.CLOSED), matches("the", ".", AnswerType.OPEN)
 (False, False)
+>>> matches("是", "包含", AnswerType.CLOSED), matches("否", "不可以", AnswerType.CLOSED), matches("是", "不存在", "CLOSED")
+(True, True, False)
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def matches_one(answer: str | None, truth: str, answer_type: AnswerType | str,
         letter = parse_mcq_letter(truth, options) or truth.strip().upper()
         return chosen is not None and chosen == letter
     if kind is AnswerType.CLOSED:
-        yp, yt = normalize_yes_no(answer), normalize_yes_no(truth)
+        yp, yt = normalize_yes_no(answer, closed=True), normalize_yes_no(truth, closed=True)
         if yt is not None:
             return yp == yt
     return exact_match(answer, truth)

@@ -70,18 +70,54 @@ def normalize_text(text: str) -> str:
     return stripped or words
 
 
-def normalize_yes_no(text: str | None) -> str | None:
-    """Map yes/no synonyms to ``'yes'``/``'no'``; anything else -> ``None``."""
+# CLOSED questions only (rewards.matching): Chinese answers a yes/no question by echoing its
+# predicate ("包含吗？" -> 包含 / 不包含), and SLAKE-zh's CLOSED golds are such echoes. A predicate whose
+# opposite would echo too (正常 / 异常, 健康 / 病变) keeps only one side, so no two opposites fold alike.
+_ECHO_PREDICATES = ("是", "有", "包含", "含有", "可以", "能", "能够", "会", "存在", "在", "正常", "健康", "可见",
+                    "看得见", "属于", "需要", "一样", "相同", "对称", "对", "正确", "显示", "出现", "位于")
+CLOSED_YES = frozenset(_ECHO_PREDICATES) | {"是的", "对的", "没错", "正确的", "确实", "当然", "可以的", "有的"}
+"""CLOSED answers that mean yes besides :func:`normalize_yes_no`'s (after :func:`normalize_text`)."""
+CLOSED_NO = (frozenset(f"{neg}{p}" for p in _ECHO_PREDICATES for neg in ("不", "没", "没有", "并不", "并没有"))
+             | {"错", "错的", "错误", "不对的", "不是的", "没有的", "无", "否定"})
+"""CLOSED answers that mean no besides :func:`normalize_yes_no`'s (``不包含``, ``不可以``, ``不存在``, ...)."""
+_CLAUSE_BREAK = re.compile(r"[\s\W_]+")
+
+
+def _first_clause(text: str) -> str:
+    """The text up to its first punctuation mark or space, normalised: ``"是的，在左肺"`` -> ``"是的"``."""
+    raw = unicodedata.normalize("NFKC", str(text)).strip()
+    head = _CLAUSE_BREAK.split(raw, maxsplit=1)[0] if raw else ""
+    return normalize_text(head) if head else ""
+
+
+def normalize_yes_no(text: str | None, closed: bool = False) -> str | None:
+    """Map yes/no synonyms to ``'yes'``/``'no'``; anything else -> ``None``.
+
+    A sentence answer is read by its first clause in every language: ``"Yes, there is"``,
+    ``"No evidence"``, ``"是的，在左肺"``, ``"不，没有"``. ``closed=True`` (a CLOSED question: the
+    one answer rule, :func:`rewards.matching.matches_one`) also folds the echoed predicates of
+    Chinese yes/no answers, :data:`CLOSED_YES` / :data:`CLOSED_NO` (``包含`` is yes, ``不可以`` no);
+    open answers keep ``正常`` a word, not a yes.
+
+    >>> normalize_yes_no("包含"), normalize_yes_no("包含", closed=True), normalize_yes_no("不存在。", closed=True)
+    (None, 'yes', 'no')
+    >>> normalize_yes_no("是的，肝脏有病变"), normalize_yes_no("No, there is none"), normalize_yes_no("是左肺")
+    ('yes', 'no', None)
+    """
     if text is None:
         return None
+    yes, no = (_YES | CLOSED_YES, _NO | CLOSED_NO) if closed else (_YES, _NO)
     t = normalize_text(text)
-    if t in _YES:
+    if t in yes:
         return "yes"
-    if t in _NO:
+    if t in no:
         return "no"
     first = t.split(" ", 1)[0] if t else ""
-    if first in {"yes", "no"}:  # "yes, there is" / "no evidence"
+    if first in {"yes", "no"}:  # "yes there is" / "no evidence"
         return first
+    clause = _first_clause(text)
+    if clause and not clause.isascii():  # "是的，在左肺", "Sí, ..." (an English first word: yes/no only)
+        return "yes" if clause in yes else "no" if clause in no else None
     return None
 
 

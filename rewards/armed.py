@@ -34,6 +34,7 @@ from medvqa_env.errors import ConfigError
 from rewards.adaptive import AdaptiveConfig, AdaptiveThresholds, squash
 from rewards.base import RewardFunction, RewardInput, RewardOutput
 from rewards.matching import exact_match_any, references
+from rewards.normalize import semantic_text
 from rewards.text_metrics import lexical_scores
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,14 @@ class ARMedConfig:
     batch_size: int = 64
     """Texts per encoder forward pass."""
     uncovered: str = "text_only"
-    """What to do with a reference the encoders' vocabulary does not cover (a character read as
-    the unknown token: MiniLM reads every Chinese character as ``[UNK]``, so 肺 and 肝 would get
-    BERTScore and cosine 1.0). ``text_only`` (default): no BERTScore/cosine for that sample, which
-    is scored on BLEU-1/ROUGE-1 and format (gammas renormalised; component ``semantic`` 0, a
-    warning once); ``error``: refuse with a :class:`ConfigError` naming the encoder. An encoder
-    whose vocabulary covers the language (``bertscore_model``/``cosine_model``, a local folder)
-    scores it fully."""
+    """What to do with an answer or reference the encoders' vocabulary does not cover (a character
+    read as the unknown token: MiniLM reads every Chinese character as ``[UNK]``, so 肺 and 肝 would
+    get BERTScore and cosine 1.0). ``text_only`` (default): no BERTScore/cosine for that pair;
+    ``R_c`` (BLEU-1/ROUGE-1) stands in for both raw similarities, squashed around the same adaptive
+    thresholds (component ``semantic`` 0, nothing enters the buffers, a warning once), so an exact
+    answer earns the same in every language; ``error``: refuse with a :class:`ConfigError` naming
+    the encoder. An encoder whose vocabulary covers the language (``bertscore_model``/
+    ``cosine_model``, a local folder) scores it fully."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.lambda1 <= 1.0 or not 0.0 <= self.lambda2 <= 1.0:
@@ -109,13 +111,14 @@ class ARMedReward(RewardFunction):
     Components: ``bleu1``, ``rouge1``, ``bertscore``, ``cosine`` (raw), ``threshold_bertscore``,
     ``threshold_cosine`` (in force for this batch: scoring never moves them, :meth:`end_batch`
     does), ``bertscore_adapt``, ``cosine_adapt``, ``format``,
-    ``r_c``, ``r_as``, ``r_total``, ``semantic`` (1: BERTScore and cosine were computed; 0: the
-    encoders do not cover the reference, see :attr:`ARMedConfig.uncovered`, and the semantic
-    components are absent), ``alternative`` and ``n_alternatives`` (the accepted answer that scored
+    ``r_c``, ``r_as``, ``r_total``, ``semantic`` (1: BERTScore and cosine were computed, on the
+    normalised texts; 0: the encoders do not cover the answer or the reference, see
+    :attr:`ARMedConfig.uncovered`: ``bertscore``/``cosine`` are absent and ``R_c`` stood in for
+    them), ``alternative`` and ``n_alternatives`` (the accepted answer that scored
     best: 0 is the record's ``answer``), and ``accuracy`` (normalised exact match against any
     accepted answer, for logging only). A missing answer scores 0 on every metric and is kept out
-    of the threshold buffers; so are references the encoders do not cover, and the alternatives
-    that did not score best.
+    of the threshold buffers; so are pairs the encoders do not cover, and the alternatives that did
+    not score best.
     """
 
     name = "armed"
@@ -159,24 +162,31 @@ class ARMedReward(RewardFunction):
         return self._encoders()[1] is None
 
     # -- scoring ------------------------------------------------------------------------------
-    def covered(self, references: Sequence[str]) -> list[bool]:
-        """Per reference: whether the BERTScore and cosine encoders' vocabularies cover it."""
+    def covered(self, texts: Sequence[str]) -> list[bool]:
+        """Per text: whether the BERTScore and cosine encoders' vocabularies cover it (as the
+        encoders read it: :func:`rewards.normalize.semantic_text`)."""
         tok, sent = self._encoders()
-        ok = tok.covers(list(references))
+        texts = [semantic_text(t) for t in texts]
+        ok = tok.covers(texts)
         if sent is not None:
-            ok = [a and b for a, b in zip(ok, sent.covers(list(references)))]
+            ok = [a and b for a, b in zip(ok, sent.covers(texts))]
         return ok
 
     def semantic_scores(self, candidates: Sequence[str], references: Sequence[str]
                         ) -> tuple[list[float | None], list[float | None]]:
-        """Raw BERTScore F1 and cosine similarity per pair (empty candidate -> 0, 0); ``None`` for
-        a pair whose reference the encoders do not cover (:attr:`ARMedConfig.uncovered`)."""
+        """Raw BERTScore F1 and cosine similarity per pair, of the normalised texts
+        (:func:`rewards.normalize.semantic_text`: full-width ``ＣＴ`` is ``ct``, a trailing ``。`` or
+        ``.`` goes); an empty candidate -> 0, 0; ``None`` for a pair whose answer *or* reference the
+        encoders do not cover (:attr:`ARMedConfig.uncovered`)."""
         from rewards.encoders import bertscore_f1, cosine
 
         tok, sent = self._encoders()
-        covered = self.covered(references)
+        candidates = [semantic_text(c) for c in candidates]
+        references = [semantic_text(r) for r in references]
+        covered = [a and b for a, b in zip(self.covered(candidates), self.covered(references))]
         if not all(covered):
-            self._uncovered([r for r, ok in zip(references, covered) if not ok])
+            self._uncovered([r if not rc else c for c, r, ok, rc in
+                             zip(candidates, references, covered, self.covered(references)) if not ok])
         enc = tok.encode(list(candidates) + list(references))
         cand_enc, ref_enc = enc[: len(candidates)], enc[len(candidates):]
         bs = [bertscore_f1(c, r) for c, r in zip(cand_enc, ref_enc)]
@@ -195,17 +205,17 @@ class ARMedReward(RewardFunction):
         minilm = "all-MiniLM-L6-v2 (English vocabulary)"
         model = (minilm if not (c.bertscore_model or c.cosine_model)
                  else f"{c.bertscore_model or minilm} / {c.cosine_model or minilm}")
-        message = (f"ARMed's encoder {model} has no vocabulary for {len(refs)} reference answer(s), e.g. "
+        message = (f"ARMed's encoder {model} has no vocabulary for {len(refs)} answer(s) or reference(s), e.g. "
                    f"{refs[0]!r:.40} (read as the unknown token): BERTScore and cosine could not tell a "
                    f"right answer from a wrong one")
         if c.uncovered == "error":
             raise ConfigError(f"{message}; give bertscore_model/cosine_model a local encoder that covers the "
-                              f"language, or uncovered='text_only' to score such answers on BLEU-1/ROUGE-1 "
-                              f"and format (docs/rewards.md)")
+                              f"language, or uncovered='text_only' to let BLEU-1/ROUGE-1 stand in for "
+                              f"BERTScore and cosine on them (docs/rewards.md)")
         if model not in _WARNED_UNCOVERED:  # once per encoder and process: the env's and the eval's ARMed alike
             _WARNED_UNCOVERED.add(model)
-            log.warning("%s; such answers are scored on BLEU-1/ROUGE-1 and format only (uncovered='text_only', "
-                        "docs/rewards.md)", message)
+            log.warning("%s; on such pairs R_c (BLEU-1/ROUGE-1) stands in for BERTScore and cosine "
+                        "(uncovered='text_only', docs/rewards.md)", message)
 
     def __call__(self, batch: Sequence[RewardInput]) -> list[RewardOutput]:
         if not batch:
@@ -230,16 +240,18 @@ class ARMedReward(RewardFunction):
             r_c = c.lambda1 * bleu[j] + (1 - c.lambda1) * rouge[j]
             r_f = 1.0 if (s.format_ok and s.answer is not None) else 0.0
             comps = {"bleu1": bleu[j], "rouge1": rouge[j]}
-            if bert[j] is not None:
-                b_ad = squash(bert[j], used["bertscore"], a.alpha_pos, a.alpha_neg)
-                c_ad = squash(cos[j], used["cosine"], a.alpha_pos, a.alpha_neg)
-                r_as = c.lambda2 * b_ad + (1 - c.lambda2) * c_ad
-                r_total = (g1 * r_c + g2 * r_as + g3 * r_f) / (g1 + g2 + g3)
-                comps.update({"bertscore": bert[j], "cosine": cos[j], "bertscore_adapt": b_ad,
-                              "cosine_adapt": c_ad, "r_as": r_as, "semantic": 1.0})
-            else:  # the encoders cannot read the reference: the text metrics and the format decide
-                r_total = (g1 * r_c + g3 * r_f) / (g1 + g3) if g1 + g3 > 0 else 0.0
-                comps["semantic"] = 0.0
+            semantic = bert[j] is not None
+            # where the encoders cannot read the pair, R_c stands in for both raw similarities: the
+            # same squash, the same thresholds, one scale in every language (an exact answer's
+            # raw similarities are 1 either way)
+            raw_b, raw_c = (bert[j], cos[j]) if semantic else (r_c, r_c)
+            b_ad = squash(raw_b, used["bertscore"], a.alpha_pos, a.alpha_neg)
+            c_ad = squash(raw_c, used["cosine"], a.alpha_pos, a.alpha_neg)
+            r_as = c.lambda2 * b_ad + (1 - c.lambda2) * c_ad
+            r_total = (g1 * r_c + g2 * r_as + g3 * r_f) / (g1 + g2 + g3)
+            comps.update({"bertscore_adapt": b_ad, "cosine_adapt": c_ad, "r_as": r_as, "semantic": float(semantic)})
+            if semantic:
+                comps.update({"bertscore": bert[j], "cosine": cos[j]})
             comps.update({"threshold_bertscore": used["bertscore"], "threshold_cosine": used["cosine"],
                           "format": r_f, "r_c": r_c, "r_total": r_total, "alternative": float(alt[j])})
             if i not in best or r_total > best[i][0]:

@@ -90,6 +90,24 @@ def _first_clause(text: str) -> str:
     return normalize_text(head) if head else ""
 
 
+def semantic_text(text: str | None) -> str:
+    """What ARMed's encoders read (BERTScore and cosine, :mod:`rewards.armed`): NFKC (full-width
+    ``ＣＴ`` is ``CT``), lowercase, spaces squeezed, punctuation at either end dropped (``肺。``,
+    ``left lung.``); punctuation inside stays (``left-lower lobe``: the encoder reads it as words).
+
+    >>> semantic_text("ＣＴ"), semantic_text(" Left  lung. "), semantic_text("（左肺）。"), semantic_text("left-lower lobe")
+    ('ct', 'left lung', '左肺', 'left-lower lobe')
+    """
+    text = unicodedata.normalize("NFKC", str(text or "")).lower()
+    text = " ".join(text.split())
+    start, end = 0, len(text)
+    while start < end and (is_punctuation(text[start]) or text[start].isspace()):
+        start += 1
+    while end > start and (is_punctuation(text[end - 1]) or text[end - 1].isspace()):
+        end -= 1
+    return text[start:end]
+
+
 def normalize_yes_no(text: str | None, closed: bool = False) -> str | None:
     """Map yes/no synonyms to ``'yes'``/``'no'``; anything else -> ``None``.
 

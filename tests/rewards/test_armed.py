@@ -37,11 +37,16 @@ def test_bertscore_and_cosine_equal_the_libraries(armed):
     from rewards.encoders import default_model_path
 
     assert armed.shares_encoder_pass                     # MiniLM: one pass for both metrics
+    from rewards.normalize import semantic_text
+
     bert, cos = armed.semantic_scores(CANDS, REFS)
     path = default_model_path()
-    f1 = BERTScorer(model_type=path, num_layers=6).score(CANDS, REFS)[2].tolist()
+    # the encoders read the normalised texts ("Right kidney!" -> "right kidney"): so do the libraries here
+    cands, refs = [semantic_text(c) for c in CANDS], [semantic_text(r) for r in REFS]
+    assert cands[2] == "right kidney"
+    f1 = BERTScorer(model_type=path, num_layers=6).score(cands, refs)[2].tolist()
     st = SentenceTransformer(path)
-    a, b = st.encode(CANDS, normalize_embeddings=True), st.encode(REFS, normalize_embeddings=True)
+    a, b = st.encode(cands, normalize_embeddings=True), st.encode(refs, normalize_embeddings=True)
     assert bert == pytest.approx(f1, abs=1e-5)
     assert cos == pytest.approx([float(x @ y) for x, y in zip(a, b)], abs=1e-5)
 

@@ -94,10 +94,16 @@ def test_an_encoder_that_cannot_read_the_reference_gives_no_semantic_score(armed
     bert, cos = armed.semantic_scores(["肝", "liver"], ["肺", "left lung"])
     assert bert[0] is None and cos[0] is None and 0 <= bert[1] < 1
     out = _score(armed, "肝", "肺")
-    assert out.components["semantic"] == 0.0 and "bertscore" not in out.components and "r_as" not in out.components
-    assert out.total == pytest.approx(2 * (0.2 / 0.6) - 1)  # format only: R_c is 0
+    c = out.components
+    assert c["semantic"] == 0.0 and "bertscore" not in c and "cosine" not in c
+    # R_c (0 here) stands in for both raw similarities, squashed around the thresholds in force
+    from rewards.adaptive import squash
+
+    b_ad, c_ad = squash(0.0, c["threshold_bertscore"], 5.0, 5.0), squash(0.0, c["threshold_cosine"], 5.0, 5.0)
+    assert (c["bertscore_adapt"], c["cosine_adapt"]) == pytest.approx((b_ad, c_ad))
+    assert out.total == pytest.approx(2 * (0.4 * 0.0 + 0.4 * (0.2 * b_ad + 0.8 * c_ad) + 0.2) - 1)
     strict = ARMedReward(uncovered="error", token_encoder=armed._encoders()[0])
-    with pytest.raises(ConfigError, match="has no vocabulary for 1 reference.*'肺'"):
+    with pytest.raises(ConfigError, match="has no vocabulary for 1 answer\\(s\\) or reference\\(s\\).*'肺'"):
         _score(strict, "肝", "肺")
 
 

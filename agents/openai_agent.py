@@ -293,6 +293,45 @@ def rejected_parameter(body: str, sent: Sequence[str]) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------
+class _WaitNotes:
+    """While an ``act_batch`` waits longer than ``agent.wait_note_s``, one line on stderr every
+    ``wait_note_s``: the endpoint, the answers so far, the per-request timeout."""
+
+    def __init__(self, agent: "OpenAIAgent", n: int) -> None:
+        self.agent, self.n, self.answered = agent, n, 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def done(self, turn: str) -> str:
+        with self._lock:
+            self.answered += 1
+        return turn
+
+    def _watch(self) -> None:
+        import sys
+
+        start = time.monotonic()
+        a = self.agent
+        while not self._stop.wait(a.wait_note_s):
+            with self._lock:
+                answered = self.answered
+            print(f"openai agent: waiting for {a.base_url} (model {a.model or 'not resolved yet'}): {answered} of "
+                  f"{self.n} answers after {time.monotonic() - start:.0f} s (timeout_s={a.timeout_s:g} per attempt, "
+                  f"retries={a.retries}, concurrency={a.concurrency})", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "_WaitNotes":
+        if self.agent.wait_note_s > 0:
+            self._thread = threading.Thread(target=self._watch, daemon=True, name="openai-wait-notes")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1)
+
+
 class OpenAIAgent(Agent):
     """An agent behind an OpenAI-compatible ``/chat/completions`` endpoint.
 
@@ -314,6 +353,9 @@ class OpenAIAgent(Agent):
         max_image_side: images are downscaled to this before encoding.
         extra_body: more JSON fields for every request (e.g. ``{"top_k": 20}`` for vLLM).
         send_tools: deprecated; ``False`` is ``tool_protocol="text"``.
+        wait_note_s: while requests are in flight longer than this, say on stderr every
+            ``wait_note_s`` what is awaited (the endpoint, answers so far, the timeout), so a slow
+            server is never a silent ``0/N``; ``0`` says nothing.
     """
 
     name = "openai"
@@ -325,7 +367,8 @@ class OpenAIAgent(Agent):
                  tool_choice: str | None = None, timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 1.0,
                  max_backoff_s: float = 30.0, concurrency: int = 8, images: bool = True,
                  max_image_side: int | None = 1024,
-                 extra_body: Mapping[str, Any] | None = None, send_tools: bool | None = None) -> None:
+                 extra_body: Mapping[str, Any] | None = None, send_tools: bool | None = None,
+                 wait_note_s: float = 15.0) -> None:
         import httpx
 
         if not str(base_url).startswith(("http://", "https://")):
@@ -352,6 +395,7 @@ class OpenAIAgent(Agent):
         self.backoff_s, self.max_backoff_s = float(backoff_s), float(max_backoff_s)
         self.concurrency, self.images, self.max_image_side = int(concurrency), bool(images), max_image_side
         self.extra_body = dict(extra_body or {})
+        self.wait_note_s = float(wait_note_s)
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s),
                                     limits=httpx.Limits(max_connections=self.concurrency))
         self._model_lock = threading.Lock()
@@ -511,11 +555,29 @@ class OpenAIAgent(Agent):
         return response_to_turn(response, keep_ids=self.tool_protocol == "native")
 
     def act_batch(self, conversations: Sequence[Conversation]) -> list[str]:
-        if len(conversations) <= 1 or self.concurrency == 1:
-            return [self.act(c) for c in conversations]
-        self.resolve_model()
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
-            return list(pool.map(self.act, conversations))
+        with _WaitNotes(self, len(conversations)) as notes:
+            if len(conversations) <= 1 or self.concurrency == 1:
+                return [notes.done(self.act(c)) for c in conversations]
+            self.resolve_model()
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
+                return list(pool.map(lambda c: notes.done(self.act(c)), conversations))
+
+    def request_settings(self) -> dict[str, Any]:
+        """What every request carries besides the messages and tools, as it will be sent: the model,
+        the sampling fields that are set, the token limit under the name the server takes, the
+        extra body (a parameter the server rejected is left out).
+
+        >>> OpenAIAgent(base_url="http://127.0.0.1:9/v1", model="m", temperature=0, max_tokens=48).request_settings()
+        {'model': 'm', 'temperature': 0, 'max_tokens': 48}
+        """
+        out: dict[str, Any] = {"model": self.model or "the first of GET /models", **self.sampling}
+        if self.max_tokens is not None:
+            out[self.token_limit_name()] = int(self.max_tokens)
+        out.update(self.extra_body)
+        with self._lock:
+            for name in self.dropped:
+                out.pop(name, None)
+        return out
 
     def config(self) -> dict[str, Any]:
         """What identifies this agent in result files; the model id is resolved first (one

@@ -206,6 +206,26 @@ def _html(runs, run_dirs, select, warnings, selection, detail) -> str:
     return "\n".join(parts)
 
 
+def run_folders(paths: Sequence[str]) -> list[str]:
+    """The run folders among ``paths``: a file (``compare.md``/``compare.html`` this command wrote
+    beside the runs, a log) is left out with a note, so ``eval.compare runs/X/*`` works every time;
+    a ``summary.json`` named directly counts as its folder. None left is an error.
+
+    >>> run_folders(["/nonexistent/a"])
+    ['/nonexistent/a']
+    """
+    kept = []
+    for p in paths:
+        path = Path(p)
+        if path.is_file() and path.name != "summary.json":
+            print(f"note: {p} is not a run folder; left out", file=sys.stderr)
+            continue
+        kept.append(p)
+    if not kept:
+        raise ConfigError(f"expected run folders (each with summary.json), got only files: {list(paths)}")
+    return kept
+
+
 def checkpoint_step(summary: EvalSummary) -> int | None:
     """The training step of the checkpoint a run evaluated (its ``medvqa_run.json``), if any."""
     from agents.models import read_run_file
@@ -250,14 +270,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def compare() -> int:
         if args.select not in SELECT:
             raise ConfigError(f"expected --select in {sorted(SELECT)}, got {args.select!r}")
-        summaries = [load_summary(r) for r in args.runs]
-        names = args.names.split(",") if args.names else [_display_name(r, s) for r, s in zip(args.runs, summaries)]
+        run_dirs = run_folders(args.runs)
+        summaries = [load_summary(r) for r in run_dirs]
+        names = args.names.split(",") if args.names else [_display_name(r, s) for r, s in zip(run_dirs, summaries)]
         if len(names) != len(summaries):
             raise ConfigError(f"expected {len(summaries)} names, got {len(names)}")
         if len(set(names)) != len(names):
             raise ConfigError(f"expected distinct run names, got {names}; pass --names")
         runs = list(zip(names, summaries))
-        folders = dict(zip(names, args.runs))
+        folders = dict(zip(names, run_dirs))
         warnings = setup_differences(runs)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
@@ -268,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.detail:
             print()
             print(detail_table(runs, args.ci))
-        paths = write_compare_reports(args.out or report_dir(args.runs), runs, [folders[n] for n, _ in runs],
+        paths = write_compare_reports(args.out or report_dir(run_dirs), runs, [folders[n] for n, _ in runs],
                                       args.select, args.ci, warnings)
         print(f"Wrote {paths['markdown']} and {paths['html']}", file=sys.stderr)
         return 0

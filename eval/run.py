@@ -172,14 +172,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 def decoding_notes(agent: Any, k: int) -> list[str]:
     """What a model agent's decoding is and where it came from (printed; ``run.json``'s agent
     block records it), and a warning when pass@K cannot sample."""
+    settings = getattr(agent, "request_settings", None)
+    if callable(settings):  # an endpoint agent: the fields each request will carry, as sent
+        sent = settings()
+        shown = ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in sent.items())
+        lines = [f"generation settings, as each request to {getattr(agent, 'base_url', 'the endpoint')} will send "
+                 f"them: {shown or 'none (the server defaults)'}"]
+        if k > 1 and sent.get("temperature") is not None and sent["temperature"] <= 0:
+            lines.append(f"warning: --k {k} with temperature 0 asks the same answer {k} times (pass@K = accuracy)")
+        return lines
     sampling, source = getattr(agent, "sampling", None), getattr(agent, "generation_source", None)
     if not isinstance(sampling, dict) or "temperature" not in sampling:
         return []
     greedy = sampling["temperature"] <= 0
     how = "greedy" if greedy else f"sampled at temperature={sampling['temperature']}, top_p={sampling.get('top_p')}"
     where = {"checkpoint": "the checkpoint's held-out decoding, as its trainer evaluated it",
-             "given": "as given", "default": "the agent's default"}.get(source, source)
-    lines = [f"decoding: {how}, max_new_tokens={sampling.get('max_new_tokens')} ({where})"]
+             "given": "as given", "default": "the agent's default"}.get(source)
+    limit = next((f"{name}={sampling[name]}" for name in ("max_new_tokens", "max_tokens") if sampling.get(name)
+                  is not None), None)
+    lines = [f"decoding: {how}" + (f", {limit}" if limit else "") + (f" ({where})" if where else "")]
     if greedy and k > 1:
         lines.append(f"warning: --k {k} with greedy decoding asks the same answer {k} times (pass@K = accuracy); "
                      "sample with --agent-opt temperature=0.7")

@@ -351,8 +351,8 @@ class Runner:
         # worker processes hand images back as views of shared memory, valid until the slot's next
         # reset: an episode's conversation is dropped when it finishes, before its slot is reused
         backend_options = {"image_views": True} if cfg.workers else {}
-        pool = EnvPool(spec, size=n_workers * n_waves * slots_per_wave, backend="process" if cfg.workers else "thread",
-                       workers=n_workers, reward=eval_reward(cfg.reward), **backend_options) if total else None
+        pool = _start_pool(spec, size=n_workers * n_waves * slots_per_wave, backend="process" if cfg.workers else "thread",
+                           workers=n_workers, reward=eval_reward(cfg.reward), **backend_options) if total else None
         free = [[list(range(v * slots_per_wave, (v + 1) * slots_per_wave)) for _ in range(n_workers)]
                 for v in range(n_waves)]  # free[wave][worker]: local slots with no live episode
         queued: list[list[_Batch]] = [[] for _ in range(n_workers)]  # per worker, sent in order
@@ -616,6 +616,42 @@ class Runner:
         return out
 
 
+def _start_pool(spec: PoolSpec, **kwargs: Any) -> EnvPool:
+    """The env pool; a worker that could not start because of the user's config (an unknown tool
+    or engine name in it) is that config's one-line error, as with ``workers=0``."""
+    from medvqa_env.errors import ConfigError
+
+    try:
+        return EnvPool(spec, **kwargs)
+    except RuntimeError as e:
+        for kind in ("ConfigError: ", "DatasetError: "):
+            head, sep, message = str(e).partition(" could not start: " + kind)
+            if sep:
+                raise ConfigError(message) from None
+        raise
+
+
+def check_tool_names(tools: Any) -> None:
+    """A :class:`ConfigError` naming the closest tool when a local tool of the config is not
+    registered -- before a run folder or a worker is made, so a typo costs one line at any ``workers``.
+
+    >>> check_tool_names("image_zom_in")
+    Traceback (most recent call last):
+    ...
+    medvqa_env.errors.ConfigError: Unknown tool 'image_zom_in'. Available: [...]. Did you mean 'image_zoom_in'?
+    """
+    from medvqa_env.errors import ConfigError, unknown_name_message
+    from tool_backends.config import load_tool_config
+    from tool_backends.registry import available_tools
+
+    if hasattr(tools, "names"):  # a Toolbox handed in
+        return
+    known = available_tools()
+    for name, entry in load_tool_config(tools).items():
+        if entry.get("backend") == "local" and name not in known:
+            raise ConfigError(unknown_name_message("tool", name, known))
+
+
 def _tool_servers(tools: Any) -> dict[str, str]:
     """Tool -> server URL (or ``local``) for a tool config as :class:`EvalConfig` holds it."""
     if hasattr(tools, "names"):  # a Toolbox handed in
@@ -657,6 +693,14 @@ def check_resume(out_dir: Path, run_info: Mapping[str, Any], overwrite: bool = F
     new = {**run_info, "agent": requested_agent_config(run_info.get("agent"))}
     diffs = [k for k in ("agent", "dataset", "split", *EvalConfig.IDENTITY)
              if json.dumps(old.get(k), sort_keys=True, default=str) != json.dumps(new.get(k), sort_keys=True, default=str)]
+    rows = load_results(out_dir / RESULTS_FILE)
+    if diffs and not any(not r.get("error") for r in rows):
+        # an attempt that measured nothing (a typo that stopped it, every episode an error) is not
+        # a setup to protect: the corrected command starts the folder again
+        if rows:
+            log.warning("%s held %d episode(s) of an earlier setup, none scored; starting again", out_dir, len(rows))
+            (out_dir / RESULTS_FILE).unlink()
+        return
     if diffs:
         raise ConfigError(f"{out_dir} holds results of a different setup (differs in {diffs}); "
                           f"use another --out or pass --overwrite")
@@ -754,6 +798,7 @@ def _evaluate_once(agent: Agent, dataset: VQADataset, config: EvalConfig, out_di
     from eval.metrics import summarize
     from medvqa_env.provenance import SKIPPED_FILE, check_not_all_skipped, dataset_provenance, write_skipped
 
+    check_tool_names(config.tools)  # a typo: one line, no run folder, whatever the workers
     info = run_info(agent, dataset, config, split)
     if judge is not None:
         info["judge"] = judge.describe() if hasattr(judge, "describe") else repr(judge)

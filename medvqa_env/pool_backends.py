@@ -124,7 +124,8 @@ def _worker_main(conn: Connection, spec: PoolSpec, slots: int, arena_name: str |
         # the arena or the pipe copies every observation image anyway: the envs need not
         worker = EnvWorker(spec, slots, copy_images=False)
     except Exception as e:  # noqa: BLE001 -- reported to the owner, which raises it
-        conn.send({"fatal": f"{type(e).__name__}: {e}"})
+        with contextlib.suppress(OSError):  # the owner may be gone already (another worker's error stopped it)
+            conn.send({"fatal": f"{type(e).__name__}: {e}"})
         return
     arena = None
     if arena_name:

@@ -391,3 +391,38 @@ def test_a_parameter_rejected_by_concurrent_requests_is_warned_once_and_recorded
     assert "temperature" not in agent and agent["dropped_parameters"]["temperature"]["requested"] == 0.0
     evaluate(OpenAIAgent(url, model="m", api_key_env=None, temperature=0.0, concurrency=4), dataset, config,
              out_dir=tmp_path / "run")  # a resume: the same request, nothing left to run
+
+
+# ---- issue 41 item 6: a long wait says what it waits for; settings shown as sent -------------------
+def test_eval_run_prints_the_generation_settings_as_each_request_sends_them(fake, tmp_path, capsys):
+    """Before: ``decoding: greedy, max_new_tokens=None (None)`` although ``max_tokens=48`` was set."""
+    from eval.run import main
+
+    server, url = fake
+    server.script = [completion("\\boxed{yes}")] * 2
+    assert main(["--agent", "openai", "--agent-opt", f"base_url={url}", "--agent-opt", "model=m",
+                 "--agent-opt", "max_tokens=48", "--agent-opt", "temperature=0", "--agent-opt", "api_key_env=null",
+                 "--dataset", "embedded", "--limit", "2", "--workers", "0", "--tools", "none", "--out",
+                 str(tmp_path / "run"), "--no-open-metrics", "--no-progress", "--bootstrap", "0"]) == 0
+    err = capsys.readouterr().err
+    assert f"generation settings, as each request to {url} will send them: model='m', temperature=0, max_tokens=48" \
+        in err, err
+    assert "None (None)" not in err
+    body = server.requests[0]["body"]
+    assert (body["model"], body["temperature"], body["max_tokens"]) == ("m", 0, 48)
+
+
+def test_a_slow_endpoint_is_never_a_silent_wait(fake, capsys):
+    """Before: the agent sat at 0/N for minutes with no word."""
+    server, url = fake
+    server.script = [(200, completion("\\boxed{yes}")[1], 1.2)] * 2
+    agent = OpenAIAgent(url, model="m", api_key_env=None, wait_note_s=0.3, concurrency=2)
+    convs = [Conversation.start({"text": "Is it normal?", "images": ()}, {"answer_type": "CLOSED"}) for _ in range(2)]
+    assert agent.act_batch(convs) == ["\\boxed{yes}"] * 2
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("openai agent: waiting for")]
+    assert notes and notes[0].startswith(f"openai agent: waiting for {url} (model m): 0 of 2 answers after "), notes
+    assert "timeout_s=60 per attempt, retries=3" in notes[0]
+    quiet = OpenAIAgent(url, model="m", api_key_env=None, wait_note_s=0)  # 0: says nothing
+    server.script = [(200, completion("\\boxed{no}")[1], 0.5)]
+    assert quiet.act_batch(convs[:1]) == ["\\boxed{no}"]
+    assert "waiting for" not in capsys.readouterr().err

@@ -4,10 +4,14 @@ metrics. The selected run is the best by ``--select`` (default: the mean of CLOS
 OPEN ARMed Avg over those a run has). ``--rank`` sorts them best first -- evaluate every checkpoint
 of a training run (``eval.run --agent vlm --agent-opt model=runs/grpo/checkpoints/step_N``) and
 rank them. A warning says when the runs differ in dataset, split, selection or size (the figures
-are not comparable) or in tools, reward, env or agent settings (the table compares those too).
-Runs that tie for the best score are marked ``tie`` and none is selected. ``compare.md`` and
-``compare.html`` (both tables, the warnings, the runs' folders) are written beside the runs
-(their common parent folder, or ``--out``).
+are not comparable), in failed episodes (:mod:`eval.failures`), or in tools, reward, env or agent
+settings (the table compares those too). Every figure is shown with its 95% interval; a run is
+flagged when its answers are one constant or its tool calls died ("did not take off"). Runs that
+tie for the best score are marked ``tie``, and runs whose selection interval overlaps the best's
+``tie within noise``: then none is selected, and a line under the table says why. ``compare.md``
+and ``compare.html`` (both tables, a plot of the compared figures with their intervals, the
+warnings, the runs' folders) are written beside the runs (their common parent folder, or ``--out``).
+Arguments that are files (the compare.md/html of an earlier call) are left out.
 """
 
 from __future__ import annotations
@@ -49,6 +53,17 @@ def selection_score(summary: EvalSummary, select: str = "closed+open") -> float 
     return sum(values) / len(values) if values else None
 
 
+def selection_interval(summary: EvalSummary, select: str = "closed+open") -> tuple[float | None, float | None]:
+    """The ``select`` score's 95% interval: the metric's own, or for a mean of two metrics the mean
+    of their bounds (wider than the mean's own interval, so overlaps are called ties conservatively);
+    ``(None, None)`` when a metric has no interval (``--bootstrap 0``)."""
+    metrics = [getattr(summary.overall, n) for n in SELECT[select]]
+    metrics = [m for m in metrics if m.value is not None]
+    if not metrics or any(m.ci_low is None or m.ci_high is None for m in metrics):
+        return None, None
+    return sum(m.ci_low for m in metrics) / len(metrics), sum(m.ci_high for m in metrics) / len(metrics)
+
+
 def best_runs(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open") -> list[str]:
     """The names of the runs with the best ``select`` score: one, or several when they tie (equal
     to 1e-9), or none when no run has the metrics.
@@ -64,20 +79,146 @@ def best_runs(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+ope
     return [] if best is None else [name for name, sc in scores if sc is not None and abs(sc - best) <= 1e-9]
 
 
-def comparison_table(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open", ci: bool = False) -> str:
-    """The Markdown table; the best run by ``select`` is marked ✅. Runs that tie for the best
-    are each marked ``tie`` -- no run is selected -- and a line under the table says so."""
+@dataclass
+class Selection:
+    """What the table marks: ``selected`` (one run, or ``None``), ``tied`` (runs that share the best
+    score exactly, or whose intervals overlap the best's: a tie within noise) and ``notes`` (lines
+    under the table that say why)."""
+
+    selected: str | None = None
+    tied: list[str] = field(default_factory=list)
+    within_noise: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _fmt_score(summary: EvalSummary, select: str) -> str:
+    score = selection_score(summary, select)
+    lo, hi = selection_interval(summary, select)
+    return "–" if score is None else f"{score:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None else "")
+
+
+def choose(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open") -> Selection:
+    """The best run by ``select``, never over a runner-up whose interval overlaps its own without
+    saying so: then every run whose interval overlaps the best's is ``tie within noise`` and none
+    is selected. Runs with different failure counts are ranked with a note that says so.
+
+    >>> from eval.summary import GroupSummary
+    >>> a = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.60, 0.50, 0.70, 40)))
+    >>> b = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.55, 0.45, 0.65, 40)))
+    >>> sel = choose([("a", a), ("b", b)], "closed")
+    >>> sel.selected, sel.tied, sel.within_noise
+    (None, ['a', 'b'], True)
+    """
+    out = _choose(runs, select)
+    failed = {n: s.n_failed for n, s in runs}
+    if len(set(failed.values())) > 1:
+        out.notes.append("Failures differ: " + ", ".join(f"{n} {k}" for n, k in failed.items()) +
+                         " failed episodes; a run whose tools or images failed under it is not measured like the "
+                         "others, so this ranking is not like for like.")
+    return out
+
+
+def _choose(runs: Sequence[tuple[str, EvalSummary]], select: str) -> Selection:
+    out = Selection()
     best = best_runs(runs, select)
-    header = ["Run", "episodes", *[t for _, t in COLUMNS], "Selected?"]
+    summaries = dict(runs)
+    if not best:
+        return out
+    if len(best) > 1:
+        score = selection_score(summaries[best[0]], select)
+        out.tied = best
+        out.notes.append(f"Tie: {', '.join(best)} share the best {select} score ({score:.3f}); no run is selected "
+                         "(more questions, K > 1 or another --select may separate them).")
+        return out
+    lead = best[0]
+    lo, hi = selection_interval(summaries[lead], select)
+    scored = [(n, selection_score(s, select)) for n, s in runs if n != lead and selection_score(s, select) is not None]
+    if lo is None:
+        out.selected = lead
+        out.notes.append(f"{lead} is selected on its {select} score alone: no interval (--bootstrap 0), so whether "
+                         "the runner-up is within noise cannot be told.")
+    else:
+        overlapping = []
+        for n, _ in scored:
+            olo, ohi = selection_interval(summaries[n], select)
+            if olo is None or (olo <= hi and lo <= ohi):
+                overlapping.append(n)
+        if overlapping:
+            out.tied, out.within_noise = [lead, *overlapping], True
+            runner_up = max(overlapping, key=lambda n: selection_score(summaries[n], select))
+            out.notes.append(f"Tie within noise: the best {select} score, {lead} {_fmt_score(summaries[lead], select)}, "
+                             f"overlaps {', '.join(f'{n} {_fmt_score(summaries[n], select)}' for n in overlapping)}; "
+                             f"no run is selected (runner-up {runner_up}; more questions may separate them).")
+        else:
+            out.selected = lead
+    return out
+
+
+def trained_with_tools(summary: EvalSummary) -> bool | None:
+    """Whether the evaluated checkpoint was trained with tools (its ``medvqa_run.json``), or
+    ``None`` when the run does not say (not a checkpoint)."""
+    from agents.models import read_run_file
+    from eval.trained_settings import trained_env
+
+    model = (summary.run.get("agent") or {}).get("model")
+    if not isinstance(model, str) or not Path(model).is_dir():
+        return None
+    try:
+        env = trained_env(read_run_file(model))
+    except (ValueError, OSError):
+        return None
+    if not env:
+        return None
+    return bool(env.get("tools")) and (env.get("max_turns") or 0) > 0
+
+
+def run_flags(summary: EvalSummary) -> list[str]:
+    """What a person must know before reading a run's figures: its held-out answers are one constant,
+    its tool calls died ("did not take off": a checkpoint trained with tools that calls none), it
+    called no tool though tools were offered, episodes failed under it.
+
+    >>> from eval.summary import GroupSummary
+    >>> s = EvalSummary(n_episodes=8, answer_diversity={"all": {"answers": 8, "distinct": 1, "top_answer": "no"}},
+    ...                 overall=GroupSummary(tool_calls_per_episode=MetricValue(0.0)), run={"tools": ["ground"]})
+    >>> run_flags(s)
+    ["one constant answer ('no')", 'no tool calls (tools offered)']
+    """
+    flags = []
+    every = summary.answer_diversity.get("all") or {}
+    if every.get("distinct") == 1 and (every.get("answers") or 0) > 1:
+        flags.append(f"one constant answer ({every.get('top_answer')!r})")
+    calls = summary.overall.tool_calls_per_episode.value
+    if calls is not None and calls < 0.01:
+        trained = trained_with_tools(summary)
+        if trained:
+            flags.append(f"did not take off: {calls:.2f} tool calls/ep, trained with tools")
+        elif trained is None and summary.run.get("tools") and (summary.run.get("max_turns") or 1) > 0:
+            flags.append("no tool calls (tools offered)")
+    if summary.n_failed:
+        flags.append(f"{summary.n_failed} failed episodes")
+    return flags
+
+
+def comparison_table(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open", ci: bool = True) -> str:
+    """The Markdown table: each figure with its 95% interval (``ci``), the selection score, flags
+    (:func:`run_flags`) and the choice (:func:`choose`): ✅ for the selected run, ``tie`` or
+    ``tie within noise`` for runs none of which is selected, with the lines under the table saying why."""
+    sel = choose(runs, select)
+    header = ["Run", "episodes", *[t for _, t in COLUMNS], f"score ({select})", "flags", "Selected?"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for name, s in runs:
         cells = [fmt(getattr(s.overall, f, MetricValue()), ci=ci) for f, _ in COLUMNS]
-        mark = ("✅" if len(best) == 1 else "tie") if name in best else "no"
-        lines.append("| " + " | ".join([name, str(s.n_episodes), *cells, mark]) + " |")
-    if len(best) > 1:
-        score = selection_score(dict(runs)[best[0]], select)
-        lines.append(f"\nTie: {', '.join(best)} share the best {select} score ({score:.3f}); no run is selected "
-                     "(more questions, K > 1 or another --select may separate them).")
+        if name == sel.selected:
+            mark = "✅"
+        elif name in sel.tied:
+            mark = "tie within noise" if sel.within_noise else "tie"
+        else:
+            mark = "no"
+        lines.append("| " + " | ".join([name, str(s.n_episodes), *cells, _fmt_score(s, select),
+                                        "; ".join(run_flags(s)) or "–", mark]) + " |")
+    if sel.notes:
+        lines.append("")
+        lines += sel.notes
     return "\n".join(lines)
 
 
@@ -87,7 +228,7 @@ OPEN_DETAIL = (("bleu1", "BLEU-1"), ("rouge1", "ROUGE-1"), ("bertscore", "BERTSc
                ("unique_answers_at_k", "unique@K"))
 
 
-def detail_table(runs: Sequence[tuple[str, EvalSummary]], ci: bool = False) -> str:
+def detail_table(runs: Sequence[tuple[str, EvalSummary]], ci: bool = True) -> str:
     """The four ARMed metrics of OPEN answers, tool-use rates and seed 004's sampling figures."""
     header = ["Run", "K", *[t for _, t in OPEN_DETAIL]]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
@@ -133,6 +274,11 @@ def setup_differences(runs: Sequence[tuple[str, EvalSummary]]) -> list[str]:
     ["runs differ in dataset: a='vqa_rad', b='slake'; the figures are not comparable"]
     """
     out = []
+    failed = [(n, s.n_failed, s.failed_by_kind) for n, s in runs]
+    if len({f for _, f, _ in failed}) > 1:
+        out.append("runs differ in failed episodes: " + ", ".join(f"{n}={k}" + (f" {dict(kinds)}" if kinds else "")
+                                                                   for n, k, kinds in failed)
+                   + "; a run whose tools or images failed under it is not measured like the others")
     for name in (*DATA_FIELDS, *SETTING_FIELDS):
         if name == "agent settings":
             by_agent: dict = {}
@@ -250,8 +396,8 @@ class CompareArgs:
     """selection metric: closed+open (mean of CLOSED accuracy and OPEN ARMed Avg), closed, open, armed, judge"""
     rank: bool = False
     """sort the runs best first by --select; otherwise they stay in the order given"""
-    ci: bool = False
-    """show 95% bootstrap intervals"""
+    ci: bool = True
+    """show each figure's 95% bootstrap interval (``--no-ci``: values only)"""
     names: str | None = None
     """comma-separated display names; otherwise the folder names, with the checkpoint step when known"""
     detail: bool = False

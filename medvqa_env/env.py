@@ -100,8 +100,10 @@ class MedVQAEnv(gym.Env[dict, str]):
         from medvqa_env.services import EnvServices
 
         self._owns_services = services is None  # a shared toolbox is closed by whoever built it
-        if services is None:
-            services = EnvServices.build(tools, reward)
+        if services is None:  # real-image datasets default segment to LiteMedSAM (tool_backends.config.for_dataset)
+            from tool_backends.config import for_dataset
+
+            services = EnvServices.build(for_dataset(tools, self.dataset), reward)
         elif not isinstance(services, EnvServices):
             raise ConfigError(f"expected services to be an EnvServices, got {type(services).__name__}")
         elif tools is not None or reward is not None:

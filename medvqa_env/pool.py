@@ -114,7 +114,9 @@ class EnvWorker:
         from medvqa_env.services import EnvServices, resolve_toolbox
 
         kwargs = dict(spec.env_kwargs)
-        toolbox = resolve_toolbox(kwargs.pop("tools", None))
+        from tool_backends.config import for_dataset
+
+        toolbox = resolve_toolbox(for_dataset(kwargs.pop("tools", None), kwargs.get("dataset", "embedded")))
         if spec.tool_cache_dir:
             from tool_backends.disk_cache import DiskToolCache
 

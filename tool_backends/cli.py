@@ -306,6 +306,9 @@ def _list(args) -> int:
         # no model, no warning about random weights)
         cheap = next((e for e in ("oracle", "classical") if e in engines), None)
         print(f"    {build_tool(name, **({'engine': cheap} if cheap else {})).spec.description}")
+    from tool_backends.engines.medsam_lite import checkpoint_line
+
+    print(checkpoint_line())  # the real weights installed here, by hash
     return 0
 
 

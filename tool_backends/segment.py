@@ -54,6 +54,7 @@ class SegmentTool(Tool):
             description=(
                 "Segment the structure or lesion inside a box (or at a point) of an image. Returns its area "
                 "(pixels and % of the image), bounding box and number of parts, and the mask drawn on the image."
+                + getattr(self.engine, "description_note", "")  # what model draws the mask, when it is a real one
             ),
             parameters={
                 "type": "object",

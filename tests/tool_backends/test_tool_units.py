@@ -119,7 +119,8 @@ def test_cli_list_prints_tools_and_engines(capsys):
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert ("segment  engines: classical, medsam2, medsam3, oracle, sam, sam2, sam3, segment_anything, trained, transformers"
+    assert ("segment  engines: classical, medsam2, medsam3, medsam_lite, oracle, sam, sam2, sam3, segment_anything, trained, "
+            "transformers"
             in out and "hires_render" in out and "segment_text  engines: biomedparse, classical" in out)
     assert "medsam3  engines: classical, medsam2, medsam3" in out  # the seed's names are listed with their engines
 

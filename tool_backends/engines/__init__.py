@@ -5,11 +5,11 @@ and a table of engines, imported only when built so that listing tools never loa
 engine is loaded once per process and shared (:mod:`tool_backends.engines.loaded`).
 
 >>> sorted(ENGINES["segment"])
-['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']
+['classical', 'medsam2', 'medsam3', 'medsam_lite', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']
 >>> build_engine("segment", "sma")
 Traceback (most recent call last):
 ...
-medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classical', 'medsam2', 'medsam3', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']. Did you mean 'sam'?
+medvqa_env.errors.ConfigError: Unknown segment engine 'sma'. Available: ['classical', 'medsam2', 'medsam3', 'medsam_lite', 'oracle', 'sam', 'sam2', 'sam3', 'segment_anything', 'trained', 'transformers']. Did you mean 'sam'?
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ _TABLES: dict[str, dict[str, str]] = {
         "sam3": "tool_backends.engines.hf_sam2:Sam3TrackerSegmenter",
         "medsam3": "tool_backends.engines.hf_sam2:Sam3TrackerSegmenter",
         "trained": "tool_backends.engines.trained:trained_segmenter",
+        "medsam_lite": "tool_backends.engines.medsam_lite:MedSamLiteSegmenter",
     },
     "segment_text": {
         "classical": "tool_backends.engines.classical:BlobTextSegmenter",

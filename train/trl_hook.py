@@ -20,8 +20,12 @@ Three adapters, each small, so TRL's own trainer can train against the env:
   env tool (typed arguments and a Google-style docstring, which is how TRL exposes methods as
   tools), ``reset(record_index=...)`` per rollout; the instances of one class share one toolbox
   (a group's identical tool call runs once) and reward. Multi-turn tool use through it needs a policy
-  whose chat template renders tools and a response parser TRL knows (Qwen, Llama 3.1); the tiny
-  test models have neither, so its tests check the schemas TRL will read, not a tool-calling run.
+  whose chat template renders tools and a response parser TRL knows (Qwen, Llama 3.1).
+  ``environment_class(env, images=True)`` makes each tool return TRL's multimodal content blocks
+  (the tool's new images, then its text), which TRL >= 1.16 feeds to a VLM's processor; with
+  :class:`EpisodeReward` (TRL passes it the rollout's environments) the final assistant turn is
+  the episode's last step and the episode's return is the reward. ``tests/integrations/test_trl.py``
+  runs a real GRPO step with it on a tiny Qwen2-VL.
 
 Example (CPU, a tiny model; see ``tests/train/test_trl_hook.py``)::
 
@@ -150,18 +154,47 @@ def _warn_if_processes_score_alone(reward: Any) -> None:
                       "ray_actor_name to share it.", stacklevel=3)
 
 
-def environment_class(env_kwargs: Mapping[str, Any]) -> type:
+def environment_class(env_kwargs: Mapping[str, Any], images: bool = False) -> type:
     """A class for ``GRPOTrainer(environment_factory=cls)``: ``reset(record_index)`` starts the
     record's episode; each env tool is a method whose signature and docstring come from the tool's
-    JSON schema (what ``transformers.utils.get_json_schema`` -- TRL's reader -- expects)."""
+    JSON schema (what ``transformers.utils.get_json_schema`` -- TRL's reader -- expects). With
+    ``images`` a tool returns ``[{"type": "image", "image": PIL image}, ..., {"type": "text", ...}]``
+    (its new images, then its text) instead of the text alone."""
     probe = _env(env_kwargs)
     schemas = probe.toolbox.openai_tools()
     probe.close()
-    methods: dict[str, Any] = {"__init__": _env_init(env_kwargs), "reset": _env_reset}
+    methods: dict[str, Any] = {"__init__": _env_init(env_kwargs), "reset": _env_reset, "_finish": _env_finish}
     for schema in schemas:
         fn = schema["function"]
-        methods[fn["name"]] = _tool_method(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
+        methods[fn["name"]] = _tool_method(fn["name"], fn.get("description", ""), fn.get("parameters", {}), images)
     return type("MedVQAToolEnvironment", (), methods)
+
+
+class EpisodeReward:
+    """TRL reward function for ``environment_factory=environment_class(...)`` rollouts: the last
+    assistant message of each completion is its episode's final step (tool calls were the earlier
+    steps), and the episode's return -- the env's reward -- is the completion's reward."""
+
+    def __init__(self, name: str = "medvqa_episode") -> None:
+        self.__name__ = name
+        self.calls: list[list[float]] = []  # each batch's rewards, as returned
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], environments: Sequence[Any] | None = None,
+                 **columns: Any) -> list[float]:
+        if environments is None:
+            raise ConfigError("expected TRL to pass 'environments' (GRPOTrainer(environment_factory=...))")
+        out = [env._finish(_final_text(c)) for c, env in zip(completions, environments)]
+        self.calls.append(out)
+        return out
+
+
+def _final_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    for message in reversed(list(completion)):
+        if message.get("role") == "assistant":
+            return _text(message.get("content") or "")
+    return ""
 
 
 def _env_init(env_kwargs: Mapping[str, Any]):
@@ -180,19 +213,40 @@ def _env_init(env_kwargs: Mapping[str, Any]):
 def _env_reset(self, record_index: int = 0, **columns: Any) -> None:
     """Start the record's episode (TRL calls this before each rollout, with the dataset row)."""
     self.env.reset(seed=0, options={"index": int(record_index)})
+    self.episode_return = 0.0
 
 
-def _tool_method(name: str, description: str, parameters: Mapping[str, Any]):
-    """A method ``name(self, **arguments) -> str`` that runs the env tool and returns its text."""
+def _env_finish(self, turn: str) -> float:
+    """Play ``turn`` as the episode's next step, then empty turns until it ends (as
+    :class:`EnvReward` does); the episode's return. An episode that already ended keeps its return."""
+    action = turn
+    while not self.env.done:
+        _, reward, _, _, _ = self.env.step(action)
+        self.episode_return = getattr(self, "episode_return", 0.0) + float(reward)
+        action = ""
+    return self.episode_return
+
+
+def _tool_method(name: str, description: str, parameters: Mapping[str, Any], images: bool = False):
+    """A method ``name(self, **arguments) -> str`` that runs the env tool and returns its text
+    (with ``images``: TRL's content blocks, the new images first)."""
     props = dict(parameters.get("properties", {}))
     required = set(parameters.get("required", []))
 
-    def method(self, **arguments: Any) -> str:
+    def method(self, **arguments: Any) -> Any:
         import json
 
+        if self.env.done:  # the episode ran out of tool turns: the env takes no more steps
+            return "The episode has ended: answer now."
         call = json.dumps({"name": name, "arguments": {k: v for k, v in arguments.items() if v is not None}})
-        obs, _, _, _, _ = self.env.step(f"<tool_call>{call}</tool_call>")
-        return _text(obs["text"])
+        obs, reward, _, _, _ = self.env.step(f"<tool_call>{call}</tool_call>")
+        self.episode_return = getattr(self, "episode_return", 0.0) + float(reward)
+        if not images:
+            return _text(obs["text"])
+        from PIL import Image
+
+        return ([{"type": "image", "image": Image.fromarray(a)} for a in obs["images"]]
+                + [{"type": "text", "text": _text(obs["text"])}])
 
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     annotations: dict[str, Any] = {"return": str}

@@ -143,6 +143,7 @@ def for_policy(max_image_side: int | None) -> ObservationImage:
 # ---- the one encoder ---------------------------------------------------------------------------
 _SETTING = "_medvqa_observation_setting"
 _ENCODED = "_medvqa_observation_bytes"
+_PRODUCE = "_medvqa_observation_produce"
 
 
 def encode(image: Image.Image, setting: ObservationImage = DEFAULT, exact: bool = False) -> bytes:
@@ -183,20 +184,47 @@ def policy_image(image: Image.Image, setting: ObservationImage | None = None, ex
     return decoded
 
 
-def attach(image: Image.Image, setting: ObservationImage, data: bytes | None = None, exact: bool = False) -> None:
+def attach(image: Image.Image, setting: ObservationImage, data: bytes | None = None, exact: bool = False,
+           produce=None) -> None:
     """Mark ``image`` (one a tool made, e.g. a not yet drawn crop) as encoded under ``setting``,
-    with its encoded ``data`` when known: :func:`data_url` then sends those bytes."""
+    with its encoded ``data`` when known, or ``produce()`` to make them without drawing the image
+    (a lossy crop's bytes come before its decoded pixels): :func:`data_url` sends those bytes."""
     setattr(image, _SETTING, (setting, exact))
     if data is not None:
         setattr(image, _ENCODED, data)
+    if produce is not None:
+        setattr(image, _PRODUCE, produce)
+
+
+def encoded_once(draw, setting: ObservationImage):
+    """``(produce, decoded)`` for a lossy tool image drawn by ``draw()``: ``produce()`` encodes it
+    once (thread-safe) and ``decoded()`` gives the pixels those bytes decode to."""
+    import threading
+
+    lock, cell, source = threading.Lock(), [], [draw]
+
+    def produce() -> bytes:
+        with lock:
+            if not cell:
+                cell.append(encode(source.pop()(), setting))  # then the drawing (and its source) is let go
+            return cell[0]
+
+    def decoded() -> Image.Image:
+        out = Image.open(io.BytesIO(produce()))
+        out.load()
+        return out if out.mode == "RGB" else out.convert("RGB")
+
+    return produce, decoded
 
 
 def encoded(image: Image.Image) -> tuple[bytes, str]:
     """``(bytes, mime type)`` of ``image`` as the policy gets it over a wire: the bytes its setting
     encoded (memoised on the image), or today's PNG for an image no setting touched."""
-    image.load()  # a tool's undrawn image: drawing it may encode it (a lossy crop keeps its bytes)
     setting, exact = getattr(image, _SETTING, (DEFAULT, False))
     data = getattr(image, _ENCODED, None)
+    produce = getattr(image, _PRODUCE, None)
+    if data is None and produce is not None:  # a lossy tool image: its bytes, its pixels left undrawn
+        data = produce()
     if data is None:
         data = encode(image, setting, exact)
         try:
@@ -213,5 +241,6 @@ def data_url(image: Image.Image) -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
-__all__ = ["ObservationImage", "DEFAULT", "FORMATS", "for_policy", "encode", "policy_image", "attach", "encoded",
+__all__ = ["ObservationImage", "DEFAULT", "FORMATS", "for_policy", "encode", "policy_image", "attach", "encoded_once",
+           "encoded",
            "data_url"]

@@ -9,7 +9,7 @@ from PIL import Image
 from medvqa_env.images import LazyImage
 from tool_backends.base import Tool, ToolContext, ToolResult, ToolSpec, source_image
 from tool_backends.geometry import BBOX_SCHEMA, coordinates_schema, expand_to_min_size, resolve_bbox, show_box, unit
-from tool_backends.observation_image import ObservationImage, attach, policy_image
+from tool_backends.observation_image import ObservationImage, attach, encoded_once
 
 
 def zoomed_size(box: tuple[int, int, int, int], target_short_side: int, max_side: int) -> tuple[int, int]:
@@ -92,9 +92,10 @@ class ZoomTool(Tool):
             crop = LazyImage(lambda: crop_to_size(image, box, size), size, image.mode)
             if setting is not None:
                 attach(crop, setting)
-        else:  # the policy sees the decoded JPEG/WebP; its bytes go with it
-            crop = LazyImage(lambda: _encoded_crop(crop, image, box, size, setting), size, "RGB")
-            attach(crop, setting)
+        else:  # the policy sees the decoded JPEG/WebP; its bytes go with it (made without decoding them)
+            produce, decoded = encoded_once(lambda: crop_to_size(image, box, size), setting)
+            crop = LazyImage(lambda _source=image: decoded(), size, "RGB")  # named: ToolCache.retained_by counts it
+            attach(crop, setting, produce=produce)
             del data["image_recipe"]
         return ToolResult(
             text=(f"Zoomed into region {show_box(box, image.size, coords)} ({unit(coords)}) of image {source}; "
@@ -103,9 +104,3 @@ class ZoomTool(Tool):
             data=data,
         )
 
-
-def _encoded_crop(crop: LazyImage, image: Image.Image, box, size, setting: ObservationImage) -> Image.Image:
-    """A lossy crop's pixels (decoded from its encoding); the bytes stay on the lazy ``crop``."""
-    decoded = policy_image(crop_to_size(image, box, size), setting)
-    attach(crop, setting, getattr(decoded, "_medvqa_observation_bytes"))
-    return decoded

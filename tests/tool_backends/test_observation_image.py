@@ -93,9 +93,10 @@ def test_the_encoded_bytes_are_made_once(monkeypatch):
     real = oi.encode
     monkeypatch.setattr(oi, "encode", lambda *a, **k: calls.append(1) or real(*a, **k))
     crop = _zoom({"backend": "local", "observation_image": JPEG_168}).images[0]
-    crop.load()
     urls = {oi.data_url(crop) for _ in range(3)}
-    assert len(urls) == 1 and len(calls) == 1
+    assert len(urls) == 1 and len(calls) == 1 and not crop.drawn  # a wire needs the bytes, not the pixels
+    data = base64.b64decode(urls.pop().split(",", 1)[1])
+    assert crop.tobytes() == Image.open(io.BytesIO(data)).convert("RGB").tobytes() and len(calls) == 1
 
 
 @pytest.mark.parametrize("fmt", ["webp", "png"])

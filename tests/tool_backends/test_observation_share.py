@@ -150,3 +150,62 @@ def test_remembered_turns_are_bounded(share):
     for i in range(6):
         share.batch([f"t{i}"], [_zoom((i, 0, 40 + i, 40))], [False], [{"images": [url]}])
     assert len(share) == 3
+
+
+# ---- answer(): on the event loop, as the server's handler would call it ------------------------------
+def _answer_all(share, requests, run=None):
+    """Each request through ``share.answer`` concurrently on one event loop; the slot-holding part
+    in worker threads, as the server's ``guarded`` runs it."""
+    import asyncio
+
+    async def main():
+        async def slot(*args):
+            return await asyncio.to_thread(share.batch, *args)
+
+        calls = [share.answer(*req, share.observer.service.budget, run or slot) for req in requests]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+
+    return asyncio.run(main())
+
+
+def test_answer_joins_a_group_on_the_loop(share):
+    url = _png_url(_image())
+    requests = [([f"t{i}"], [_zoom()], [False], [{"images": [str(url)]}]) for i in range(GROUP)]
+    out = _answer_all(share, requests)
+    service = share.observer.service
+    assert service.uploads == 1 and len(share.encodes) == 1 and service.computed == 1
+    assert share.stepped == 1 and share.answered_on_loop == GROUP - 1 and share.shared == GROUP - 1
+    assert all(o == out[0] and o["valids"] == [True] for o in out)
+    # the joiners' trajectories hold the crop: a next turn on it works, and is shared again
+    again = _answer_all(share, [([f"t{i}"], [_zoom((0, 0, 40, 40), 1)], [False], [{}]) for i in range(GROUP)])
+    assert all(o["valids"] == [True] for o in again) and share.stepped == 2
+
+
+def test_answer_lets_waiters_go_when_the_leader_is_refused(share):
+    """A request that claimed a turn and then failed (a 503, a bad image) must not leave the group
+    waiting: the others step it themselves."""
+    import asyncio
+
+    url = _png_url(_image())
+    first = []
+
+    async def refuse_once(*args):
+        if not first:
+            first.append(1)
+            await asyncio.sleep(0.05)  # the others are waiting for this one now
+            raise RuntimeError("server busy")
+        return await asyncio.to_thread(share.batch, *args)
+
+    requests = [([f"t{i}"], [_zoom()], [False], [{"images": [url]}]) for i in range(4)]
+    out = _answer_all(share, requests, refuse_once)
+    assert isinstance(out[0], RuntimeError) and all(o["valids"] == [True] for o in out[1:])
+    assert share.observer.service.computed == 1 and not share._flights
+
+
+def test_answer_leaves_unshareable_requests_to_the_slot(share, tmp_path):
+    path = tmp_path / "scan.png"
+    _image().save(path)
+    share.observer.service.settings.image_roots = (str(tmp_path),)
+    out = _answer_all(share, [(["a"], [_zoom()], [False], [{"images": [str(path)]}]),
+                              (["b"], ["no call"], [False], [{}])])
+    assert out[0]["valids"] == [True] and out[1]["valids"] == [False] and share.answered_on_loop == 0

@@ -1,9 +1,12 @@
 """Draw an episode: the question's image with what the tools did, the tool outputs, and the turns.
 
-Left: image 0 with zoom/segment regions (yellow), grounding boxes (cyan, with label and score) and
-masks (red tint); each label sits beside its box (above, else below or to a side), never over what
-the box shows. Below it: thumbnails of the images tools returned. Right: the question and each
-turn's action and observation, wrapped. Returns an ``HxWx3`` ``uint8`` array.
+Left: image 0 with what each tool did, one colour per tool and the colours of the tool's own image
+(:func:`tool_colour`): ``ground``'s boxes numbered 1, 2, ... in its image's colours (box 1 red,
+box 2 blue, ...), with label and score; ``segment``'s mask tinted and its region outlined in the red
+of its overlay; ``image_zoom_in``'s region yellow; each label sits beside its box (above, else below
+or to a side), never over what the box shows, and never over another label (labels of tools that
+share a box stack). Below it: thumbnails of the images tools returned. Right: the question, its
+options (MCQ), and each turn's action and observation, wrapped. Returns an ``HxWx3`` ``uint8`` array.
 """
 
 from __future__ import annotations
@@ -20,9 +23,26 @@ PANEL = 512
 TEXT_WIDTH = 560
 THUMB = 120
 BACKGROUND = (24, 24, 28)
-REGION = (255, 210, 0)
-GROUNDING = (0, 220, 255)
-MASK = np.array([255, 40, 40], dtype=np.float32)
+# the colours of the tools' own images (tool_backends.masks: OVERLAY_COLOR, BOX_COLORS), so a box
+# reads the same in the render as in the picture the agent was shown (a test compares the two)
+OVERLAY_COLOR = (255, 48, 48)
+BOX_COLORS = ((255, 64, 64), (64, 200, 255), (255, 220, 0), (80, 255, 120), (255, 120, 255))
+TOOL_COLORS = {"image_zoom_in": (255, 210, 0), "segment": OVERLAY_COLOR, "segment_text": OVERLAY_COLOR,
+               "hires_render": (255, 150, 40)}
+OTHER_TOOL = (190, 140, 255)
+MASK = np.array(OVERLAY_COLOR, dtype=np.float32)
+
+
+def tool_colour(name: str, box_number: int | None = None) -> tuple[int, int, int]:
+    """The colour a tool's marks are drawn in: ``ground``'s box ``n`` in the colour its own image gives
+    box ``n``; every other tool one colour (its overlay's, for the segmenters).
+
+    >>> tool_colour("ground", 1), tool_colour("ground", 2), tool_colour("segment")
+    ((255, 64, 64), (64, 200, 255), (255, 48, 48))
+    """
+    if box_number is not None:
+        return BOX_COLORS[(box_number - 1) % len(BOX_COLORS)]
+    return TOOL_COLORS.get(name, OTHER_TOOL)
 
 
 def _font(size: int = 13) -> ImageFont.ImageFont:
@@ -42,9 +62,9 @@ def _tool_overlays(trace: Iterable[dict[str, Any]]):
             if "mask_rle" in data:
                 yield "mask", data["mask_rle"]
             if _is_box(data.get("region")):  # None when a tool looked at the whole image
-                yield "region", (data["region"], call["name"])
-            for box in data.get("boxes") or ():
-                yield "box", box
+                yield "region", (data["region"], call["name"], "mask_rle" in data)
+            for number, box in enumerate(data.get("boxes") or (), start=1):  # numbered as in the tool's image
+                yield "box", (box, call["name"], number)
 
 
 def _is_box(value: Any) -> bool:
@@ -57,8 +77,10 @@ def _is_box(value: Any) -> bool:
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value))
 
 
-def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: float = 1.0) -> Image.Image:
-    """Image 0 (resized by ``scale``) with masks, regions and grounding boxes drawn on a copy."""
+def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: float = 1.0,
+                  placed: list | None = None) -> Image.Image:
+    """Image 0 (resized by ``scale``) with masks, regions and grounding boxes drawn on a copy.
+    ``placed``, when given, receives ``(text, colour, (x0, y0, x1, y1))`` for each label drawn."""
     base = image.convert("RGB")
     if scale != 1.0:
         base = base.resize((max(1, round(base.size[0] * scale)), max(1, round(base.size[1] * scale))),
@@ -90,33 +112,57 @@ def draw_overlays(image: Image.Image, trace: Iterable[dict[str, Any]], scale: fl
         return [min(x0, x1), min(y0, y1), max(x0, x1), max(y0, y1)]
 
     labels = []  # drawn last, beside their boxes, so no box outline crosses a label
-    for bbox, name in regions:
+    drawn: dict[tuple, int] = {}  # outlines per box: a second tool's outline on the same box goes inside the first
+
+    def outline(rect, colour) -> None:
+        key = tuple(round(v) for v in rect)
+        inset = drawn.get(key, 0) * width
+        drawn[key] = drawn.get(key, 0) + 1
+        x0, y0, x1, y1 = rect
+        if x1 - x0 > 2 * inset and y1 - y0 > 2 * inset:
+            draw.rectangle([x0 + inset, y0 + inset, x1 - inset, y1 - inset], outline=colour, width=width)
+
+    for bbox, name, has_mask in regions:
         x0, y0, x1, y1 = scaled(bbox)
-        draw.rectangle([x0, y0, x1, y1], outline=REGION, width=width)
-        labels.append(((x0, y0, x1, y1), name, REGION))
-    for box in boxes:
+        colour = tool_colour(name)
+        if not has_mask:  # a segmenter's region is its tinted mask, as in its own image
+            outline((x0, y0, x1, y1), colour)
+        labels.append(((x0, y0, x1, y1), name, colour))
+    for box, name, number in boxes:
         bbox = box.get("bbox") if isinstance(box, dict) else None
         if not _is_box(bbox):
             continue
         x0, y0, x1, y1 = scaled(bbox)
-        draw.rectangle([x0, y0, x1, y1], outline=GROUNDING, width=width)
-        label = f"{box.get('label', '')} {box.get('score', ''):.2f}" if isinstance(box.get("score"), float) else str(box.get("label", ""))
-        labels.append(((x0, y0, x1, y1), label, GROUNDING))
-    for rect, text, colour in labels:
+        colour = tool_colour(name, number)
+        outline((x0, y0, x1, y1), colour)
+        score = box.get("score")
+        label = f"{number} {box.get('label', '')}".strip() + (f" {score:.2f}" if isinstance(score, float) else "")
+        labels.append(((x0, y0, x1, y1), label, colour))
+    taken: list[tuple[int, int, int, int]] = []  # labels placed so far: the next one goes elsewhere
+    for rect, text, colour in dict.fromkeys(labels):  # the same label on the same box once
         if not text.strip():
             continue
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-        x, y = label_position(rect, (right - left + 4, bottom - top + 4), out.size, width)
-        draw.rectangle([x, y, x + right - left + 4, y + bottom - top + 4], fill=BACKGROUND)
+        w, h = right - left + 4, bottom - top + 4
+        x, y = label_position(rect, (w, h), out.size, width, taken)
+        taken.append((x, y, x + w, y + h))
+        if placed is not None:
+            placed.append((text, colour, (x, y, x + w, y + h)))
+        draw.rectangle([x, y, x + w, y + h], fill=BACKGROUND)
         draw.text((x + 2 - left, y + 2 - top), text, fill=colour, font=font)
     return out
 
 
+def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def label_position(box: tuple[float, float, float, float], size: tuple[int, int], image_size: tuple[int, int],
-                   gap: int = 2) -> tuple[int, int]:
+                   gap: int = 2, taken: Iterable[tuple[float, float, float, float]] = ()) -> tuple[int, int]:
     """Top-left corner for a ``size`` label beside ``box`` -- above it, else below, else to its
-    right, else to its left -- never over what the box shows (the lesion a ground label names);
-    kept inside the image. Inside the box only when no side has room.
+    right, else to its left -- never over what the box shows (the lesion a ground label names) nor
+    over a label already ``taken`` (two tools on one box: the second goes below, the third to the
+    right, then the stacks grow outwards); kept inside the image. Inside the box only when no side has room.
 
     >>> label_position((40, 40, 60, 60), (30, 10), (100, 100))  # above
     (40, 28)
@@ -124,8 +170,23 @@ def label_position(box: tuple[float, float, float, float], size: tuple[int, int]
     (40, 22)
     >>> label_position((0, 0, 80, 100), (15, 10), (100, 100))   # full height: to the right
     (82, 0)
+    >>> label_position((40, 40, 60, 60), (30, 10), (100, 100), taken=[(40, 28, 70, 38)])  # above is taken: below
+    (40, 62)
+    >>> label_position((40, 40, 60, 60), (30, 10), (100, 100), taken=[(40, 28, 70, 38), (40, 62, 70, 72)])
+    (62, 40)
     """
+    taken = list(taken)
     (x0, y0, x1, y1), (w, h), (width, height) = box, size, image_size
+    if taken:
+        candidates = []
+        for k in range(8):  # stacks of labels above, below, right, left of the box
+            candidates += [(x0, y0 - gap - h - k * (h + gap)), (x0, y1 + gap + k * (h + gap)),
+                           (x1 + gap, y0 + k * (h + gap)), (x0 - gap - w, y0 + k * (h + gap))]
+        for cx, cy in candidates:
+            rect = (cx, cy, cx + w, cy + h)
+            inside = cx >= 0 and cy >= 0 and cx + w <= width and cy + h <= height
+            if inside and not _overlaps(rect, (x0, y0, x1, y1)) and not any(_overlaps(rect, t) for t in taken):
+                return int(cx), int(cy)
 
     def fit_x(x: float) -> int:
         return int(max(0, min(x, width - w)))
@@ -150,8 +211,17 @@ def _fit(image: Image.Image, side: int) -> Image.Image:
     return img
 
 
-def _transcript(question: str, trace: list[dict[str, Any]], answer_line: str | None) -> list[str]:
-    lines = ["Q: " + question, ""]
+def _transcript(question: str, trace: list[dict[str, Any]], answer_line: str | None,
+                options: dict[str, str] | None = None) -> list[str]:
+    """The text column: the question, its options (so "answer 'A'" can be read), each turn.
+
+    >>> _transcript("Which modality?", [], None, {"A": "CT", "B": "MRI"})[:3]
+    ['Q: Which modality?', 'Options: A) CT   B) MRI', '']
+    """
+    lines = ["Q: " + question]
+    if options:
+        lines.append("Options: " + "   ".join(f"{k}) {v}" for k, v in options.items()))
+    lines.append("")
     for turn in trace:
         action = turn["action"]
         head = f"Turn {turn['turn']}:"
@@ -187,7 +257,7 @@ def render_episode(env) -> np.ndarray:
         final = env.trace[-1]["action"] if env.trace else {}
         answer = (final.get("answers") or [None])[-1]
         answer_line = f"Answer: {answer!r}   Ground truth: {env.record.answer!r}"
-    lines = _transcript(env.record.question, env.trace, answer_line)
+    lines = _transcript(env.record.question, env.trace, answer_line, dict(env.record.options or {}))
     font = _font(13)
     height = max(height, 16 * len(lines) + 16)
     canvas = Image.new("RGB", (PANEL + TEXT_WIDTH, height), BACKGROUND)

@@ -241,7 +241,10 @@ def test_render_overlays_a_tool_mask_where_the_tool_found_it(tiny_dataset):
     assert info["tool_calls"][0]["error"] is None and info["tool_calls"][0]["data"]["mask_rle"]
     from medvqa_env.render import draw_overlays
 
-    drawn = np.asarray(draw_overlays(env.images[0], env.trace)).astype(int)
+    placed = []
+    drawn = np.asarray(draw_overlays(env.images[0], env.trace, placed=placed)).astype(int)
     red = (drawn[..., 0] - drawn[..., 1]) > 70  # the mask tint; the yellow region outline stays out
+    for _, _, (x0, y0, x1, y1) in placed:  # the tool's label (in its red) sits beside the mask
+        red[y0:y1, x0:x1] = False
     ys, xs = np.nonzero(red)
     assert red.sum() > 20 and abs(xs.mean() - 30) < 4 and abs(ys.mean() - 60) < 4

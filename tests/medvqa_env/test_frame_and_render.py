@@ -133,7 +133,9 @@ def test_render_puts_labels_beside_their_boxes_not_over_what_they_show(bbox):
     """A ground label drawn inside its box covers the lesion it names: the inside of the box stays
     the image's own pixels (a box at the top edge gets its label below; only a box filling the
     whole image has no side with room), and the label is drawn outside it."""
-    from medvqa_env.render import GROUNDING, draw_overlays
+    from medvqa_env.render import draw_overlays, tool_colour
+
+    GROUNDING = tool_colour("ground", 1)
 
     trace = [{"tool_calls": [{"name": "ground", "error": None, "data": {
         "image_index": 0, "boxes": [{"bbox": bbox, "label": "lesion", "score": 0.93}]}}]}]
@@ -149,3 +151,73 @@ def test_render_puts_labels_beside_their_boxes_not_over_what_they_show(bbox):
         assert outside.sum() > 20  # the label's text, beside the box
     else:
         assert label_pixels[line + 1:-line - 1, line + 1:-line - 1].sum() > 20  # no room outside: still shown
+
+
+# ---- issue 41 item 7: numbered boxes in the tool's colours, no overprinting, MCQ options ------------
+def test_ground_boxes_are_numbered_and_drawn_in_the_colours_of_the_tools_own_image(tmp_path):
+    """Before: every ground box cyan in the render and red/blue in ground's image, and no number."""
+    path = tmp_path / "scan.png"
+    scan(200, 200, (30, 30, 80, 80)).save(path)
+    ann = Annotations(boxes=(Box("lesion", (30.0, 30.0, 80.0, 80.0)), Box("lesion", (120.0, 110.0, 170.0, 160.0))))
+    record = VQARecord("r0", (str(path),), "Is there a lesion?", "yes", AnswerType.CLOSED, "frame", annotations=ann)
+    env = MedVQAEnv(dataset=VQADataset([record]), tools={"ground": {"engine": "oracle"}}, reward=RuleReward(),
+                    render_mode="rgb_array")
+    env.reset(options={"index": 0})
+    obs, _, _, _, info = env.step(call("ground", text="lesion"))
+    tool_image = np.asarray(obs["images"][0])
+    from medvqa_env.render import draw_overlays
+
+    placed = []
+    rendered = np.asarray(draw_overlays(env.images[0], env.trace, placed=placed))
+    boxes = info["tool_calls"][0]["data"]["boxes"]
+    assert len(boxes) == 2
+    for number, box in enumerate(boxes, start=1):
+        x0, y0, x1, y1 = (int(v) for v in box["bbox"])
+        edge = (y0 + (y1 - y0) // 2, x0)  # the middle of the left edge: outline in both pictures
+        assert tuple(rendered[edge]) == tuple(tool_image[edge]), (number, rendered[edge], tool_image[edge])
+    texts = [(text, colour) for text, colour, _ in placed]
+    assert [t for t, _ in texts] == ["1 lesion 1.00", "2 lesion 1.00"]
+    assert [c for _, c in texts] == [tuple(tool_image[(y0 + (y1 - y0) // 2, x0)]) for x0, y0, x1, y1 in
+                                     ((int(v) for v in b["bbox"]) for b in boxes)]
+    env.close()
+
+
+def test_labels_of_tools_sharing_a_box_never_overprint():
+    """Before: zoom's and segment's labels on one box were drawn at the same place."""
+    from medvqa_env.render import draw_overlays, tool_colour
+
+    box = [60, 60, 120, 120]
+    trace = [{"tool_calls": [
+        {"name": "image_zoom_in", "error": None, "data": {"image_index": 0, "region": box}},
+        {"name": "segment", "error": None, "data": {"image_index": 0, "region": box}},
+        {"name": "ground", "error": None, "data": {"image_index": 0, "boxes": [{"bbox": box, "label": "lesion",
+                                                                                 "score": 0.9}]}}]}]
+    placed = []
+    draw_overlays(Image.new("RGB", (200, 200), (90, 90, 90)), trace, placed=placed)
+    rects = [r for _, _, r in placed]
+    assert len(rects) == 3
+    for i in range(3):
+        for j in range(i + 1, 3):
+            a, b = rects[i], rects[j]
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (placed[i], placed[j])
+        x0, y0, x1, y1 = rects[i]
+        assert x1 <= box[0] or x0 >= box[2] or y1 <= box[1] or y0 >= box[3], "a label covers the box"
+    # one colour per tool: three tools, three colours
+    assert len({c for _, c, _ in placed}) == 3 and (placed[0][1], placed[1][1]) == (tool_colour("image_zoom_in"),
+                                                                                    tool_colour("segment"))
+
+
+def test_the_transcript_shows_mcq_options_so_a_letter_answer_can_be_read(tmp_path):
+    path = tmp_path / "scan.png"
+    scan(64, 64, (10, 10, 30, 30)).save(path)
+    record = VQARecord("r0", (str(path),), "Which modality?", "B", AnswerType.MCQ, "frame",
+                       options={"A": "CT", "B": "MRI"})
+    env = MedVQAEnv(dataset=VQADataset([record]), tools=[], reward=RuleReward(), render_mode="rgb_array")
+    env.reset(options={"index": 0})
+    env.step("\\boxed{B}")
+    from medvqa_env.render import _transcript
+
+    lines = _transcript(record.question, env.trace, None, dict(record.options))
+    assert lines[:2] == ["Q: Which modality?", "Options: A) CT   B) MRI"]
+    assert env.render().ndim == 3
+    env.close()

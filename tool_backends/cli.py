@@ -144,6 +144,18 @@ class ServeArgs(ServerArgs):
 
 
 @dataclass
+class ServeCommandArgs(ServeArgs):
+    """Serve tools over HTTP (or, with --ray, as Ray Serve deployments)."""
+
+    ray: bool = False
+    """serve on Ray Serve: one deployment per tool, replicas and batching by --ray-opt (docs/serving.md)"""
+    ray_opt: list[str] = field(default_factory=list)
+    """with --ray: ``tool.key=value`` of a tool's ray block (replicas, num_cpus, max_batch_size, ...; repeatable)"""
+    ray_config: str | None = None
+    """with --ray: a JSON/YAML Ray Serve config (tools with their ray blocks, settings) instead of --tools"""
+
+
+@dataclass
 class RouterArgs(ServerArgs):
     """Route tool calls by name to several servers."""
 
@@ -179,7 +191,7 @@ class ListArgs:
     """a running tool server"""
 
 
-COMMANDS = {"serve": ServeArgs, "router": RouterArgs, "mcp": McpArgs, "list": ListArgs}
+COMMANDS = {"serve": ServeCommandArgs, "router": RouterArgs, "mcp": McpArgs, "list": ListArgs}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,6 +256,10 @@ def _run(command: str, args) -> int:
         from tool_backends.toolbox import LocalBackend
 
         names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else available_tools()
+        if args.ray or args.ray_config:
+            from tool_backends.ray_serve import serve_from_cli
+
+            return serve_from_cli(args, names)
         options = tool_options(names, args.engine, args.tool_opt)
         backend = LocalBackend([build_tool(n, **options[n]) for n in names])
         app = create_app({n: backend for n in names}, _settings(args))

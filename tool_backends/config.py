@@ -10,6 +10,7 @@ these are the same config::
      "ground": "http://127.0.0.1:7660"}              # a tool server
     {"segment": {"engine": "sam", "model": "/models/medsam"},
      "classify": {"backend": "http", "url": "http://10.0.0.5:7657", "timeout_s": 20, "token_env": "TOOLS_TOKEN"}}
+    {"segment": {"backend": "ray_serve"}}            # a Ray Serve deployment, by handle (docs/serving.md)
 
 or the path of a JSON/YAML file holding one (optionally under a ``tools:`` key), or its JSON text.
 ``None`` means the default tools; ``[]``, ``""`` or ``"none"`` mean no tools. Unknown tools, engines
@@ -29,7 +30,7 @@ from typing import Any, Mapping
 
 from medvqa_env.errors import ConfigError
 
-BACKEND_KINDS = ("local", "http")
+BACKEND_KINDS = ("local", "http", "ray_serve")
 NO_TOOLS = ("", "none", "no", "[]", "{}")
 
 
@@ -156,6 +157,12 @@ def make_backends(spec: Mapping[str, Mapping[str, Any]]):
         options = {k: v for k, v in entry.items() if k != "backend"}
         if entry["backend"] == "local":
             local_tools.append(build_tool(name, **options))
+        elif entry["backend"] == "ray_serve":  # a Ray Serve deployment, by handle (tool_backends.ray_serve)
+            from medvqa_env.config import check_options
+            from tool_backends.ray_serve_client import RayServeToolBackend
+
+            check_options(RayServeToolBackend, options, f"tool {name!r} (ray_serve backend)")
+            backends[name] = RayServeToolBackend(tools=[name], **options)
         else:
             from medvqa_env.config import check_options
             from tool_backends.http_client import HTTPToolBackend

@@ -23,8 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from agents.base import Agent
+from agents.classifier_labels import ClassifierPlan, classifier_plan, means_yes
 from medvqa_env.chat import Conversation
 from medvqa_env.records import AnswerType, VQADataset, VQARecord
+from tool_backends.classify import fold_label
 
 YES_NO = ("yes", "no")
 OPEN_FALLBACK = ("normal", "left", "right", "ct", "mri", "x-ray", "brain", "chest", "abdomen", "lung")
@@ -167,6 +169,12 @@ def _tools_of(conversation: Conversation) -> list[dict[str, Any]]:
     return [t["function"] if "function" in t else t for t in conversation.info.get("tools") or ()]
 
 
+def _takes_labels(tool: Mapping[str, Any]) -> bool:
+    """A classifier: the tool takes a ``labels`` array of strings."""
+    labels = (tool.get("parameters") or {}).get("properties", {}).get("labels") or {}
+    return labels.get("type") == "array" and (labels.get("items") or {}).get("type") == "string"
+
+
 # ----------------------------------------------------------------------------------------------
 class RandomAgent(Agent):
     """Calls a random tool with random arguments with probability ``p_tool`` (at most
@@ -284,7 +292,9 @@ class ToolThenAnswerAgent(Agent):
 
     * CLOSED: "yes" when grounding found the question's subject; else the classifier's verdict when
       it is decisive (its top label at least ``decisive_margin`` above the next: the subject ->
-      "yes", "normal" -> "no"); else "no" when grounding found nothing; else "no"/"yes" from the
+      "yes", "normal" -> "no"; a trained classifier is asked for the labels it knows that the
+      question names, against their counterparts, and not asked when none fits:
+      :mod:`agents.classifier_labels`); else "no" when grounding found nothing; else "no"/"yes" from the
       other tools' text about the subject (negations, zero objects); otherwise the prior.
       Grounding that finds nothing never overrides a decisive classifier: on a dataset annotated
       with image labels only, oracle grounding has no boxes to find, while the oracle classifier
@@ -327,25 +337,29 @@ class ToolThenAnswerAgent(Agent):
         box = [margin, margin, 1.0 - margin, 1.0 - margin]
         size = conversation.images[0].size if conversation.images else (1, 1)
         subject = _subject_of(conversation.question)
-        labels = self._labels(conversation, subject)
-        calls = []
+        calls, notes = [], []
         for tool in tools:
             if tool["name"] != self.zoom_tool and not self.use_other_tools:
                 continue
+            labels: list[str] = []
+            if _takes_labels(tool):
+                plan = self._plan(conversation, tool)
+                if plan.labels is None:  # a trained classifier that knows none of this question's labels
+                    notes.append(plan.note)
+                    continue
+                labels = plan.labels
             args = fill_arguments(tool.get("parameters", {}), box, size, text=subject, labels=labels)
             calls.append(format_tool_call(tool["name"], args))
         zoom_first = sorted(calls, key=lambda c: self.zoom_tool not in c)
-        return zoom_first
+        return ([f"<think>{' '.join(notes)}.</think>"] if notes and zoom_first else []) + zoom_first
 
-    def _labels(self, conversation: Conversation, subject: str) -> list[str]:
-        """Candidate labels for a classifier: the options, the subject vs "normal", or the prior's
-        most common answers to this kind of question."""
-        options = conversation.info.get("options") or {}
-        if conversation.answer_type == AnswerType.MCQ.value and options:
-            return [str(v) for v in options.values()]
-        if conversation.answer_type == AnswerType.CLOSED.value:
-            return [subject, "normal"]
-        return self.prior.candidates(conversation.answer_type, conversation.question) or [subject, "normal"]
+    def _plan(self, conversation: Conversation, tool: Mapping[str, Any]) -> ClassifierPlan:
+        """Which labels to ask classifier ``tool`` for, and which of them mean "yes"
+        (:mod:`agents.classifier_labels`: a trained tool's own labels, an open one's usual ones)."""
+        kind, question = conversation.answer_type, conversation.question
+        candidates = self.prior.candidates(kind, question) if kind == AnswerType.OPEN.value else ()
+        return classifier_plan(tool, kind, question, _subject_of(question), conversation.info.get("options"),
+                               candidates)
 
     def _answer(self, conversation: Conversation) -> str:
         kind, question = conversation.answer_type, conversation.question
@@ -353,6 +367,8 @@ class ToolThenAnswerAgent(Agent):
         text = "\n".join(observations(conversation))
         tool_text = re.sub(r"Tool turns left: \d+\.|No tool turns left[^.]*\.", " ", text)
         label = _top_label(tool_text, self.decisive_margin)
+        classifier = next((t for t in _tools_of(conversation) if _takes_labels(t)), None)
+        plan = self._plan(conversation, classifier) if classifier is not None else ClassifierPlan(None)
         count = _ground_count(tool_text)
         if kind == AnswerType.CLOSED.value and (count or (count == 0 and label is None)):
             return "yes" if count else "no"
@@ -361,16 +377,16 @@ class ToolThenAnswerAgent(Agent):
             if len(hits) == 1:
                 return hits[0]
         if kind == AnswerType.MCQ.value and options:
-            by_text = {str(v).lower(): k for k, v in options.items()}
-            if label in by_text:
-                return by_text[label]
+            by_text = {fold_label(v): k for k, v in options.items()}
+            if label is not None and fold_label(label) in by_text:  # "x-ray" is option "X ray"
+                return by_text[fold_label(label)]
             lower = tool_text.lower()
             hits = [k for k, v in options.items() if v and str(v).lower() in lower]
             if len(hits) == 1:
                 return hits[0]
         elif kind == AnswerType.CLOSED.value:
             if label is not None:  # decisive, and grounding found nothing or was not offered
-                return "no" if label == "normal" else "yes"
+                return "yes" if means_yes(label, plan) else "no"
             subject = _subject_of(question)
             findings = [s for s in re.split(r"\n|\[", tool_text) if s.strip() and "image_zoom_in" not in s
                         and not s.startswith("Zoomed")]

@@ -48,9 +48,15 @@ def tiny_clip_at(size: int, seed: int):
 def distractors(labels: list[str], rng: np.random.Generator, n: int) -> list[str]:
     """``n`` texts that are no trained label: random letters, and trained labels' words recombined.
 
+    Any label set works, two one-word labels included (a phrase takes at most as many words as
+    there are):
+
     >>> d = distractors(["CT", "MRI", "lesion"], np.random.default_rng(0), 6)
     >>> len(d), any(x in ("CT", "MRI", "lesion") for x in d)
     (6, False)
+    >>> d = distractors(["normal", "pneumonia"], np.random.default_rng(0), 8)
+    >>> len(d), len(set(d)), any(x in ("normal", "pneumonia") for x in d)
+    (8, 8, False)
     """
     words = sorted({w for lab in labels for w in lab.split()})
     known = set(labels)
@@ -60,7 +66,8 @@ def distractors(labels: list[str], rng: np.random.Generator, n: int) -> list[str
             k = int(rng.integers(3, 11))
             text = "".join(rng.choice(list(string.ascii_letters), k))
         else:
-            text = " ".join(rng.choice(words, int(rng.integers(2, 4)), replace=False))
+            size = min(int(rng.integers(2, 4)), len(words))
+            text = " ".join(rng.choice(words, size, replace=False))
         if text not in known and text not in out:
             out.append(text)
     return out

@@ -107,7 +107,7 @@ def _cell(row: dict, name: str, fmt: str = ".3f") -> str:
 
 def setting(folder: Path) -> tuple[dict, str]:
     """Figures and the Markdown table of one protocol run folder."""
-    from train.protocol import choose_warm_start, recorded_args, report, tool_hash
+    from train.protocol import greedy_lead, recorded_args, report, tool_hash
 
     saved = json.loads((folder / "protocol.json").read_text())
     args = recorded_args(saved["args"], folder)
@@ -122,13 +122,18 @@ def setting(folder: Path) -> tuple[dict, str]:
         raise SystemExit(f"{folder}: the runs' last held-out evaluations hold different numbers of questions: {questions}")
     warm = result["warm_start"]
     val = {int(step): v for step, v in warm["val_by_step"].items()}  # JSON keys are strings
-    fig: dict = {"metric": key, "beats_every_baseline": int(result["beats_every_baseline"]),
+    fig: dict = {"metric": key, "beats_every_baseline": int(result["beats_every_baseline"]), "unit": result["unit"],
                  "checked_runs": checked, "questions": questions.pop() if questions else 0,
                  "tool_builds": result["tool_builds"], "warm_start.step": warm["chosen_step"],
                  "warm_start.val": val[warm["chosen_step"]],
                  "warm_start.val_steps": ", ".join(f"{s}: {v:.3f}" for s, v in sorted(val.items()))}
     for build, choice in sorted(result["warm_starts"].items()):
-        picked = choose_warm_start({int(s): v for s, v in choice["val_by_step"].items()}, args.val_size)
+        if "candidates" in choice:  # chosen by what RL will use (issue 42): the record's own choice
+            picked = {"chosen_step": choice["chosen_step"], "within_noise": choice["within_noise"]}
+            fig[f"warm_start.b{build}.blind_step"] = choice["blind_choice"]["step"]
+        else:  # chosen by greedy val accuracy before issue 42: recomputed from the val figures
+            lead = greedy_lead({int(s): v for s, v in choice["val_by_step"].items()}, args.val_size)
+            picked = {"chosen_step": lead["step"], "within_noise": lead["within_noise"]}
         fig[f"warm_start.b{build}.step"] = picked["chosen_step"]
         fig[f"warm_start.b{build}.within_noise"] = int(picked["within_noise"])
     fig["warm_start.within_noise_all"] = int(all(fig[f"warm_start.b{b}.within_noise"] for b in result["warm_starts"]))
@@ -152,6 +157,9 @@ def setting(folder: Path) -> tuple[dict, str]:
         for k in ("mean", "sd", "ci_low", "ci_high", "seeds"):
             if k in row and row[k] == row[k]:  # one seed (or one build) has no SD: nothing is recorded
                 fig[f"{name}.{k}"] = row[k]
+        for k, v in (row.get("by_build") or {}).items():  # seeds sharing builds: one value per build
+            if k != "values" and v == v:
+                fig[f"{name}.by_build.{k}"] = v
         distinct = sorted(p.get("distinct_answers") or 0 for p in per)
         fig[f"{name}.distinct"] = distinct[-1]  # the most over seeds; min and median beside it
         fig[f"{name}.distinct_min"], fig[f"{name}.distinct_median"] = distinct[0], row.get(
@@ -182,13 +190,18 @@ def setting(folder: Path) -> tuple[dict, str]:
                      f"{fig[f'{name}.calls']:.2f} | {_cell(fig, f'{name}.blank_drop', '+.3f')} | "
                      f"{_cell(fig, f'{name}.blank_policy_drop', '+.3f')} | "
                      f"{_cell(fig, f'{name}.shuffle_drop', '+.3f')} | {_cell(fig, f'{name}.cpu_min_max', '.1f')} |")
-    for name, diff in result["grpo_minus"].items():
-        for k in ("difference", "ci_low", "ci_high"):
-            fig[f"grpo_minus.{name}.{k}"] = diff[k]
-        fig[f"grpo_minus.{name}.beats"] = int(diff["beats"])
-        if "paired" in diff:  # seed k against seed k: the same tool build
-            for k in ("difference", "ci_low", "ci_high", "pairs"):
-                fig[f"grpo_minus.{name}.paired.{k}"] = diff["paired"][k]
+    # grpo_minus.*: seed against seed (as recorded before issue 42; where seeds share tool builds and warm
+    # starts they are not independent); grpo_minus_units.*: the verdict's units (seeds, or one value per build)
+    seed_level = result.get("grpo_minus_by_seed") or result["grpo_minus"]
+    for prefix, comparisons in (("grpo_minus", seed_level), ("grpo_minus_units", result["grpo_minus"])):
+        for name, diff in comparisons.items():
+            for k in ("difference", "ci_low", "ci_high"):
+                fig[f"{prefix}.{name}.{k}"] = diff[k]
+            fig[f"{prefix}.{name}.beats"] = int(diff["beats"])
+            if "paired" in diff:  # unit against unit: seed k against seed k, or build against build
+                for k in ("difference", "ci_low", "ci_high", "pairs"):
+                    fig[f"{prefix}.{name}.paired.{k}"] = diff["paired"][k]
+    fig["units"] = next(iter(result["grpo_minus"].values()), {}).get("units")  # how many independent units
     read_by = {name: [f"{name}_s{seed}" for seed in result["rows"].get(name, {}).get("per_seed", {})]
                for name in ("grpo", "tool_sft")}  # the rows whose policies call the tool
     reading = reading_rules(folder, [run for runs in read_by.values() for run in runs], args)

@@ -1,12 +1,17 @@
 """Rerun a small learning protocol from scratch and compare it with the committed reference.
 
-``python -m train.protocol`` with the flags below -- two seeds on two builds of a trained
-``ground`` tool (built here, in a fresh tool cache), a val-chosen warm start per build, GRPO and
-every baseline -- in a temporary folder, then each row's held-out mean, its seeds and tool builds,
-the held-out question count and the verdict are compared with
-``benchmarks/results/protocol_small.json``. Every figure must land within ``TOLERANCE`` of the
-reference (counts exactly); the script prints the table and exits 1 when one does not. CI runs it,
-so a clean clone shows that the protocol's numbers come back.
+``python -m train.protocol`` with the flags below -- two seeds, each with its own build of a trained
+``ground`` tool (built here, in a fresh tool cache) and its own warm start chosen on val by what
+RL will use (:mod:`train.probe`), GRPO long enough to take off, the warm start and the answer
+baselines -- in a temporary folder, then each row's held-out mean, its seeds and tool builds, the
+held-out question count, the verdict and **how many GRPO seeds took off** (sampled tool calls on
+at least half of the last step's rollouts, held-out accuracy above the best answer baseline's upper
+bound) are compared with ``benchmarks/results/protocol_small.json``. Every mean must land within
+``TOLERANCE`` of the reference, counts exactly; the script prints the table and exits 1 when one
+does not. CI runs it, so a clean clone shows that the protocol's numbers come back *and that GRPO
+still learns*: a warm start chosen blind, a reward or an update that stops GRPO from taking off
+changes ``grpo.took_off_seeds`` and fails it. (The SFT baselines are left to the full protocol's
+records: at this size they would double the CPU time.)
 
     python benchmarks/reproduce_protocol.py              # rerun and compare (CI)
     python benchmarks/reproduce_protocol.py --record     # rerun and keep the result as the reference
@@ -33,10 +38,10 @@ TOPIC = "protocol_small"
 TOLERANCE = 0.1
 """Largest accepted |rerun - reference| of a held-out mean (accuracy over 32 questions)."""
 TOOLS = {"ground": {"engine": "trained", "steps": 120, "dataset_options": {"n": 400}, "val_options": {"n": 100}}}
-FLAGS = ["--seeds", "0,1", "--tool-builds", "2", "--tools", json.dumps(TOOLS), "--sft-steps", "60",
-         "--sft-save-every", "30", "--sft-batch-size", "8", "--val-size", "32", "--eval-size", "32",
-         "--grpo-steps", "4", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "4",
-         "--micro-batch", "32", "--ablations", "blank_policy"]
+FLAGS = ["--seeds", "0,1", "--tools", json.dumps(TOOLS), "--sft-steps", "100", "--sft-save-every", "50",
+         "--sft-batch-size", "16", "--val-size", "32", "--eval-size", "32", "--grpo-steps", "16",
+         "--prompts-per-step", "8", "--group-size", "8", "--eval-every", "8", "--micro-batch", "64",
+         "--ablations", "blank_policy", "--probe-samples", "2", "--baselines", "question_prior,constant"]
 ROWS = ("grpo", "warm_start", "more_sft", "tool_sft", "notool_sft", "question_prior", "constant")
 
 
@@ -63,6 +68,8 @@ def figures_of(result: dict) -> dict:
         if row is not None:
             fig[f"{name}.mean"] = row["mean"]
             fig[f"{name}.seeds"] = row["seeds"]
+    if "took_off_seeds" in result["rows"].get("grpo", {}):  # a reference recorded before issue 42 has none
+        fig["grpo.took_off_seeds"] = result["rows"]["grpo"]["took_off_seeds"]
     fig["tools_sha256"] = ",".join(tool_hash(t)[:12] for builds in result["identity"]["tools"].values()
                                    for _, t in sorted(builds.items()))
     return fig
@@ -85,6 +92,15 @@ def compare(got: dict, reference: dict) -> list[tuple[str, object, object, bool 
     return rows
 
 
+def cpu_minutes(folder: Path | None) -> float | None:
+    """The CPU minutes of a protocol folder's runs (``runs.jsonl``: each run with its children)."""
+    path = folder / "runs.jsonl" if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return round(sum(r.get("cpu_s") or 0.0 for r in rows) / 60, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--record", action="store_true", help="keep this rerun as the reference")
@@ -94,21 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     results = results_dir_arg(False, args.results)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="medvqa-protocol-") as tmp:
-        result = rerun(Path(args.out) if args.out else Path(tmp))
+        folder = Path(args.out) if args.out else Path(tmp)
+        result = rerun(folder)
+        cpu = cpu_minutes(folder / "protocol")
     wall = time.perf_counter() - t0
     got = figures_of(result)
     if args.record:
         lines = ["## Small learning protocol (reference for `benchmarks/reproduce_protocol.py`)", "",
                  "`python benchmarks/reproduce_protocol.py`: the protocol with `" + " ".join(FLAGS) + "` from scratch "
-                 f"(tool builds included) in {wall / 60:.1f} min wall on this machine; a rerun must land within "
-                 f"{TOLERANCE} of each mean.", "", "| figure | value |", "|---|---|"]
+                 f"(tool builds included): {cpu} CPU minutes over its runs (`runs.jsonl`), {wall / 60:.1f} min wall "
+                 f"for this invocation on this machine; a rerun must land within {TOLERANCE} of each mean, and "
+                 "as many GRPO seeds must take off.", "", "| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in got.items()]
-        got.update({"wall_min": round(wall / 60, 1), "git_commit": result["identity"]["code"]["git_commit"],
+        got.update({"wall_min": round(wall / 60, 1), "cpu_min": cpu,
+                    "git_commit": result["identity"]["code"]["git_commit"],
                     "git_dirty": int(bool(result["identity"]["code"]["git_dirty"]))})
         record(TOPIC, "\n".join(lines) + "\n", got, command_line("reproduce_protocol.py", argv), results)
         return 0
     recorded = json.loads((results / f"{TOPIC}.json").read_text())
-    reference = {k: v for k, v in recorded["figures"].items() if k not in ("wall_min", "git_commit", "git_dirty")}
+    reference = {k: v for k, v in recorded["figures"].items() if k not in ("wall_min", "cpu_min", "git_commit", "git_dirty")}
     rows = compare(got, reference)
     print(f"\nreference: {recorded['meta'].get('machine')}; this rerun: {machine()}")
     print(f"\n| figure | reference | rerun | within {TOLERANCE} |\n|---|---|---|---|")
@@ -117,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {ref} | {value} | {verdict} |")
     bad = [r for r in rows if r[3] is False]
     compared = [r for r in rows if r[3] is not None]
-    print(f"\nfigures within tolerance: {len(compared) - len(bad)}; outside: {len(bad)} (rerun in {wall / 60:.1f} min)")
+    print(f"\nfigures within tolerance: {len(compared) - len(bad)}; outside: {len(bad)} (rerun in {wall / 60:.1f} min wall, "
+          f"{cpu} CPU min)")
     return 1 if bad else 0
 
 

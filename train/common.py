@@ -259,6 +259,12 @@ def check_resume(out: Path, args: Any, checkpoint: Path | None) -> None:
     # a setting the record lacks did not exist when it was written: the run had its default
     defaults = {f.name: f.default for f in dataclasses.fields(args) if f.default is not dataclasses.MISSING}
     old = {**{k: v for k, v in defaults.items() if k in NEW_SETTINGS}, **record.get("args", {})}
+    foreign = other_trainer(record.get("args", {}), args)
+    if foreign:
+        this = type(args).__module__
+        hint = (f" To start from that run's model, pass --policy {out / 'final'}." if (out / "final").is_dir() else "")
+        raise ConfigError(f"{out} holds a {foreign} run, not a {this} one; a {this} run needs a folder of its "
+                          f"own: use another --out (e.g. --out {out}_{this.rsplit('.', 1)[-1]}).{hint}")
     allowed = [a.strip() for a in str(getattr(args, "allow_changed", "") or "").split(",") if a.strip()]
     diffs = [] if "all" in allowed else config_differences(old, dataclasses.asdict(args), allowed)
     if diffs:
@@ -276,6 +282,22 @@ def check_resume(out: Path, args: Any, checkpoint: Path | None) -> None:
     if args.steps < step:
         raise ConfigError(f"{out} is at step {step}, past --steps {args.steps}; nothing to train "
                           "(use a larger --steps to continue, or another --out)")
+
+
+TRAINER_MARKS = {"tool_share": "train.sft", "algo": "train.grpo"}
+"""A setting only one trainer has: a record holding it that this trainer lacks is that trainer's."""
+
+
+def other_trainer(recorded: Mapping[str, Any], args: Any) -> str | None:
+    """The trainer whose run ``recorded`` (an ``args.json``'s ``args``) is, when it is not the one
+    ``args`` belongs to; ``None`` when it is (or cannot be told).
+
+    >>> from train import grpo, sft
+    >>> other_trainer({"tool_share": 0.5, "lr": 1e-3}, grpo.Args()), other_trainer({"algo": "grpo"}, grpo.Args())
+    ('train.sft', None)
+    """
+    names = {f.name for f in dataclasses.fields(args)}
+    return next((trainer for key, trainer in TRAINER_MARKS.items() if key in recorded and key not in names), None)
 
 
 def write_run_record(out: Path, args: Any, resumed_at: int | None) -> dict[str, Any]:
@@ -464,5 +486,15 @@ def run_summary(trainer: str, args: Any, out: str | Path, kind: str | None, n_he
         lines.append(f"checkpoint: {model_dir}")
         lines.append("reproduce the held-out figure: "
                      + reproduce_command(args, model_dir, kind, out / "eval" / Path(model_dir).name))
+    from train.run_report import takeoff_flags
+
+    flags = takeoff_flags(rows, out / "heldout_answers.jsonl") if trainer == "train.grpo" else []
+    for flag in flags:
+        lines.append(f"WARNING: did not take off: {flag}")
     lines.append(f"metrics: {out / 'metrics.jsonl'}; every held-out answer: {out / 'heldout_answers.jsonl'}")
+    pictures = [f"learning curves: {out / 'curves.png'}"] if (out / "curves.png").is_file() else []
+    if (out / "tb").is_dir():
+        pictures.append(f"TensorBoard: tensorboard --logdir {out / 'tb'}")
+    pictures.append(f"compare runs: python -m train.plot_curves --runs \"{Path(out).name}={out}\" --out {out / 'curves.png'}")
+    lines.extend(pictures)
     return "\n".join(lines)

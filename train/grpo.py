@@ -36,6 +36,7 @@ from train.common import (build_policy, check_resume, count_trainable, evaluate_
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, purge_rows, reward_thresholds, rollout_metrics
 from train.rollout import HFGenerator, collect_rollouts, fill_groups, group_requests
+from train.run_report import eval_line, interrupted_message, write_curves
 
 
 # ==============================================================================================
@@ -204,10 +205,14 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
     total_tokens = sum(sum(s.response_mask) for s in seqs)
     token_mean = algo.config.loss_agg == "token-mean"
     metrics: dict[str, float] = {}
-    for _ in range(args.update_epochs):
+    for epoch in range(args.update_epochs):
         for sl, mb, old, ref in zip(slices, padded, old_logps, refs):
             logp = response_logprobs(model, mb, encoder, temperature, share_prompts, all_logits)
             old = logp.detach() if old is None else old
+            if epoch == 0:  # the sampled tokens' -log p at the sampling temperature: an estimate of the policy's entropy
+                mask = mb.response_mask.to(old.device)
+                metrics["rollout/entropy"] = metrics.get("rollout/entropy", 0.0) + float(
+                    (-old * mask).sum()) / max(1, total_tokens)
             extra = {}
             if sft_seqs is not None:
                 pairs = [(s, w) for s, w in zip(sft_seqs[sl], sft_w[sl].tolist()) if s is not None]
@@ -285,6 +290,7 @@ def main(args: Args) -> dict[str, float] | int:
     record = write_run_record(out, args, resumed_at=int(ckpt.name.rsplit("_", 1)[1]) if ckpt else None)
     if ckpt is not None and int(ckpt.name.rsplit("_", 1)[1]) >= args.steps and (out / "final").exists():
         print(f"{out} already finished {args.steps} steps; nothing to do")
+        write_curves(out, f"train.grpo {args.algo}")
         print(run_summary("train.grpo", args, out, None, len(select_indices(
             args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
             dataset_options=record["args"]["dataset_opt"]))))
@@ -329,14 +335,42 @@ def main(args: Args) -> dict[str, float] | int:
     answers_path = out / "heldout_answers.jsonl"  # every held-out answer, so a constant answer cannot pass for learning
     purge_rows(answers_path, start_step + 1 if start_step else 0)  # a resume writes those evaluations again
     if start_step == 0:
-        logger.log(0, {**evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
-                                          answers_path=answers_path, step=0), "time/wall_s": 0.0})
+        first = evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens, answers_path=answers_path, step=0)
+        print(eval_line(0, first), flush=True)
+        logger.log(0, {**first, "time/wall_s": 0.0})
 
     # ---- loop -----------------------------------------------------------------------------
     from tqdm.auto import tqdm
 
-    t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, desc=args.algo)
+    metrics: dict[str, float] = {}
+    try:
+        metrics = _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, pool, eval_pool, train_idx,
+              eval_idx, n_slots, state, logger, saved, answers_path)
+    except KeyboardInterrupt:
+        logger.close(finished=False)
+        write_curves(out, f"train.grpo {args.algo}")
+        raise SystemExit(_interrupted("python -m train.grpo", out, logger.last_step)) from None
+    if args.save_final and (args.steps > start_step or not (out / "final").exists()):
+        save_policy(model, encoder, out / "final", {**saved, "step": max(start_step, args.steps)})
+    logger.close()
+    pool.close()
+    eval_pool.close()
+    write_curves(out, f"train.grpo {args.algo}")
+    print(run_summary("train.grpo", args, out, kind, len(eval_idx)), flush=True)
+    return metrics if args.steps > start_step else {}
+
+
+def _interrupted(prog: str, out: Path, step: int) -> int:
+    print(interrupted_message(prog, out, step), file=sys.stderr, flush=True)
+    return 130
+
+
+def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, pool, eval_pool, train_idx, eval_idx,
+          n_slots, state, logger, saved, answers_path) -> dict[str, float]:
+    """The training steps: rollout -> advantages -> update -> log/evaluate/checkpoint; the last step's metrics."""
+    t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
+    metrics: dict[str, float] = {}
     for step in bar:
         # -- rollout: n copies of the env per question, same seed + index -> same episode; DAPO
         #    samples more questions until prompts_per_step groups have a reward spread
@@ -390,6 +424,7 @@ def main(args: Args) -> dict[str, float] | int:
             if done == args.steps:
                 metrics.update(evaluate_ablations(model, encoder, args, eval_idx, answers_path, done))
             metrics["time/eval_s"] = time.perf_counter() - t0
+            bar.write(eval_line(done, metrics))
         logger.log(done, metrics)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.2f}", acc=f"{metrics['rollout/accuracy']:.2f}")
         if (args.save_every and done % args.save_every == 0) or done == args.steps:
@@ -397,14 +432,7 @@ def main(args: Args) -> dict[str, float] | int:
             state["reward_state"] = pool.state_dict()
             save_checkpoint(out, done, model, optimizer, state, keep=args.keep, encoder=encoder,
                             run_info={**saved, "step": done})
-
-    if args.save_final and (args.steps > start_step or not (out / "final").exists()):
-        save_policy(model, encoder, out / "final", {**saved, "step": max(start_step, args.steps)})
-    logger.close()
-    pool.close()
-    eval_pool.close()
-    print(run_summary("train.grpo", args, out, kind, len(eval_idx)), flush=True)
-    return metrics if args.steps > start_step else {}
+    return metrics
 
 
 def cli(argv: list[str] | None = None) -> int:

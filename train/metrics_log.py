@@ -55,12 +55,36 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
     out["rollout/turns"] = sum(len(t.turn_texts) for t in trajectories) / n
     out["rollout/generated_tokens"] = sum(t.generated_tokens for t in trajectories) / n
     out["rollout/answered"] = sum(t.end_reason == "answer" for t in trajectories) / n
+    out.update(mode_metrics(trajectories))
     _, std = group_stats(rewards, groups)
     per_group = {int(g): float(s) for g, s in zip(groups.tolist(), std.tolist())}
     out.update(open_answer_metrics(trajectories))
     out["groups/reward_var_mean"] = sum(s * s for s in per_group.values()) / len(per_group)
     out["groups/zero_variance_share"] = sum(s <= 1e-8 for s in per_group.values()) / len(per_group)
     return out
+
+
+def mode_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """Which mode the episodes are in (issue 42): ``rollout/call_rate`` (share of episodes with a
+    tool call), the accuracy of those that called and of those that answered directly (what GRPO
+    compares when it pushes calls up or down; NaN when there are none), and
+    ``rollout/invalid_turn_rate`` (turns that neither called a tool nor answered, over all turns).
+
+    >>> from types import SimpleNamespace as T
+    >>> mode_metrics([T(tool_calls=["ground"], correct=True, invalid_turns=0, turn_texts=["c", "a"]),
+    ...               T(tool_calls=[], correct=False, invalid_turns=1, turn_texts=["x", "a"])])
+    {'rollout/call_rate': 0.5, 'rollout/accuracy_calling': 1.0, 'rollout/accuracy_direct': 0.0, 'rollout/invalid_turn_rate': 0.25}
+    """
+    n = len(trajectories)
+    calling = [t for t in trajectories if t.tool_calls]
+    direct = [t for t in trajectories if not t.tool_calls]
+
+    def acc(ts):
+        return sum(bool(t.correct) for t in ts) / len(ts) if ts else float("nan")
+    turns = sum(len(t.turn_texts) for t in trajectories)
+    return {"rollout/call_rate": len(calling) / max(1, n), "rollout/accuracy_calling": acc(calling),
+            "rollout/accuracy_direct": acc(direct),
+            "rollout/invalid_turn_rate": sum(getattr(t, "invalid_turns", 0) for t in trajectories) / max(1, turns)}
 
 
 OPEN_METRICS = ("bleu1", "rouge1", "bertscore", "cosine")

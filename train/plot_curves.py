@@ -1,6 +1,6 @@
 """Learning curves from ``metrics.jsonl`` files: held-out accuracy, held-out reward, training reward.
 
-    python -m train.plot_curves --runs "GRPO=runs/grpo_s*" "GRASP=runs/grasp_s*" --out docs/img/learning_curves.png
+    python -m train.plot_curves --runs "GRPO=runs/grpo_s*" "GRASP=runs/grasp_s*"     # -> runs/curves.png
 
 Each ``LABEL=GLOB`` is one method; every folder the glob matches is one seed (thin line), and
 the mean over seeds is the thick line. ``--panels`` picks the logged keys to draw (default: held-out
@@ -9,6 +9,8 @@ accuracy, held-out reward, training reward), e.g. the OPEN/ARMed proof::
     python -m train.plot_curves --runs "oracle=runs/open/oracle_s*" --out docs/img/open_curves.png \
         --panels eval/open/armed_avg eval/open/exact_match reward/threshold_bertscore reward/threshold_cosine
 
+Without ``--out`` the figure goes beside the runs it draws: ``<run>/curves.png`` for one run folder,
+else ``curves.png`` in the folder that holds them all (never over a committed figure by default).
 A Markdown table of each panel's start and end values (mean ± std over seeds, and each seed's
 end value) is printed. A ``LABEL=GLOB`` that matches no run folder (one with ``metrics.jsonl``), or a
 panel no run logged, is an error (exit 2): an empty figure is never written.
@@ -61,7 +63,16 @@ TITLES = {"eval/accuracy": "held-out accuracy", "eval/reward_mean": "held-out me
           "eval/open/armed_avg": "held-out OPEN ARMed Avg", "eval/open/exact_match": "held-out OPEN exact match",
           "reward/threshold_bertscore": "ARMed threshold, BERTScore", "reward/threshold_cosine": "ARMed threshold, cosine",
           "tools/calls_per_episode": "tool calls per training episode (5-step mean)",
-          "eval/calls_per_episode": "held-out tool calls per episode"}
+          "eval/calls_per_episode": "held-out tool calls per episode",
+          "rollout/call_rate": "share of rollouts calling a tool (5-step mean)",
+          "rollout/accuracy_calling": "rollout accuracy when calling a tool (5-step mean)",
+          "rollout/accuracy_direct": "rollout accuracy when answering directly (5-step mean)",
+          "rollout/entropy": "policy entropy, nats/token (5-step mean)",
+          "rollout/invalid_turn_rate": "invalid turns (no call, no answer; 5-step mean)",
+          "losses/sft": "SFT loss", "losses/kl": "KL to the reference"}
+UNIT_RANGE = ("eval/accuracy", "eval/open/", "rollout/call_rate", "rollout/accuracy", "rollout/invalid_turn_rate",
+              "eval/format_ok")
+"""Panels of shares and accuracies: drawn on [0, 1], so a flat line at chance reads as one."""
 SMOOTHED = ("rollout/", "tools/", "reward/reward", "open/")
 
 
@@ -98,8 +109,12 @@ def plot(runs, out: str, title: str = "", keys=DEFAULT_PANELS) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.2), squeeze=False)
-    axes = axes[0]
+    cols = min(3, len(keys))
+    rows_ = -(-len(keys) // cols)
+    fig, grid = plt.subplots(rows_, cols, figsize=(5.2 * cols, 3.9 * rows_), squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
     panels = [(k, TITLES.get(k, k), k.startswith(SMOOTHED)) for k in keys]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, name, sm) in zip(axes, panels):
@@ -115,8 +130,10 @@ def plot(runs, out: str, title: str = "", keys=DEFAULT_PANELS) -> None:
             if common:
                 ax.plot(common, [sum(cv[s] for cv in curves) / len(curves) for s in common], color=c, lw=2.5,
                         label=f"{label} (mean of {len(curves)})")
-        ax.set_title(name)
-        ax.set_xlabel("GRPO step")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        if key.startswith(UNIT_RANGE):
+            ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
     if title:
@@ -126,14 +143,27 @@ def plot(runs, out: str, title: str = "", keys=DEFAULT_PANELS) -> None:
     fig.savefig(out, dpi=110)
 
 
+def default_out(runs) -> str:
+    """``curves.png`` in the one run folder drawn, else in the deepest folder that holds them all.
+
+    >>> default_out({"a": {"runs/x/grpo_s0": []}}), default_out({"a": {"runs/x/grpo_s0": [], "runs/x/grpo_s1": []}})
+    ('runs/x/grpo_s0/curves.png', 'runs/x/curves.png')
+    """
+    import os
+
+    folders = [str(Path(f)) for by in runs.values() for f in by]
+    base = folders[0] if len(set(folders)) == 1 else os.path.commonpath(folders)
+    return str(Path(base or ".") / "curves.png")
+
+
 @dataclass
 class Args:
     """Learning curves from metrics.jsonl files."""
 
     runs: list[str] = field(default_factory=list)
     """``LABEL=GLOB`` per method (required; each folder the glob matches is one seed)"""
-    out: str = "docs/img/learning_curves.png"
-    """the figure (PNG)"""
+    out: str = ""
+    """the figure (PNG); default: ``curves.png`` in the run folder (one run) or the folder holding them all"""
     title: str = ""
     """the figure's title"""
     panels: list[str] = field(default_factory=lambda: list(DEFAULT_PANELS))
@@ -154,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         missing = [k for k in args.panels if not any(series(rows, k)[0] for by in runs.values() for rows in by.values())]
         if missing:
             raise ConfigError(f"--panels {missing}: no run logged these keys")
-        plot(runs, args.out, args.title, args.panels)
+        out = args.out or default_out(runs)
+        plot(runs, out, args.title, args.panels)
+        print(f"wrote {out}")
         print(summary(runs, [k for k in args.panels if not k.startswith(SMOOTHED)] or args.panels))
         return 0
 

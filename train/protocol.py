@@ -124,8 +124,10 @@ class Args:
     """held-out evaluation every k GRPO steps"""
     ablations: str = "blank,blank_policy,shuffle"
     """image ablations evaluated on every final policy (``blank_policy``: the tools see the real image)"""
-    tool_builds: int = 3
-    """distinct builds of each trained tool: seed k runs with build k mod tool_builds (1: one build)"""
+    tool_builds: int = 0
+    """0 (the default): every seed its own tool build and warm start (seed k on build k), so seeds are
+    independent replicates; k > 0: seed s on build s mod k of each trained tool (records before issue 42
+    had 3), and the statistics take the builds as the units"""
     baselines: str = "more_sft,tool_sft,notool_sft,question_prior,constant"
     """which baselines to run"""
     demo_prompt: bool = True
@@ -175,13 +177,41 @@ def trained_tools(args: Args) -> dict[str, dict[str, Any]]:
 
 
 def build_of(args: Args, seed: int) -> int:
-    """The tool build seed ``seed`` runs with: ``seed mod tool_builds``; 0 when no tool is trained.
+    """The tool build (and warm start) seed ``seed`` runs with: ``seed`` itself with ``tool_builds``
+    0 (each seed its own), else ``seed mod tool_builds``, and 0 when no tool is trained.
 
-    >>> a = Args(tool_builds=3)
-    >>> [build_of(a, s) for s in range(5)], build_of(Args(tools="ground=oracle"), 4)
-    ([0, 1, 2, 0, 1], 0)
+    >>> [build_of(Args(tool_builds=3), s) for s in range(5)], [build_of(Args(), s) for s in range(5)]
+    ([0, 1, 2, 0, 1], [0, 1, 2, 3, 4])
+    >>> build_of(Args(tools="ground=oracle", tool_builds=3), 4), build_of(Args(tools="ground=oracle"), 4)
+    (0, 4)
     """
-    return seed % max(1, args.tool_builds) if trained_tools(args) else 0
+    if args.tool_builds <= 0:
+        return seed
+    return seed % args.tool_builds if trained_tools(args) else 0
+
+
+def independent(args: Args) -> bool:
+    """Every seed has its own tool build and warm start: the seeds are the statistics' units."""
+    seeds = seeds_of(args)
+    return len({build_of(args, s) for s in seeds}) == len(seeds)
+
+
+def unit_values(args: Args, by_seed: Mapping[int, float]) -> dict[int, float]:
+    """A row's values as independent units: the seeds themselves when each has its own build, else
+    one value per tool build (the mean of its seeds), so no build's warm start or tool is counted
+    twice in an interval.
+
+    >>> unit_values(Args(tool_builds=3, seeds="0,1,2,3,4"), {0: 0.9, 1: 0.8, 2: 0.5, 3: 0.7, 4: 0.6})
+    {0: 0.8, 1: 0.7, 2: 0.5}
+    >>> unit_values(Args(seeds="0,1"), {0: 0.9, 1: 0.8})
+    {0: 0.9, 1: 0.8}
+    """
+    if independent(args):
+        return dict(by_seed)
+    groups: dict[int, list[float]] = {}
+    for seed, v in by_seed.items():
+        groups.setdefault(build_of(args, seed), []).append(v)
+    return {b: round(sum(v) / len(v), 12) for b, v in sorted(groups.items())}
 
 
 def builds_of(args: Args) -> list[int]:
@@ -606,17 +636,47 @@ def paired_difference(a: dict[int, float], b: dict[int, float], level: float = 0
     return {"difference": mean, "ci_low": low, "ci_high": high, "pairs": len(seeds), "beats": low > 0}
 
 
-def compare(grpo: dict[int, dict[str, Any]], baseline: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """GRPO against one baseline: Welch's interval over the seeds, and the paired interval where
-    the seeds pair up (a trained baseline of the same seeds); the paired one, when there is one,
-    decides ``beats`` (it removes the tool build's share of the spread, which both rows have)."""
-    a, b = {s: r["metric"] for s, r in grpo.items()}, {s: r["metric"] for s, r in baseline.items()}
-    out = welch_difference(list(a.values()), list(b.values()))
-    paired = paired_difference(a, b) if len(b) > 1 else None
+def compare(grpo: Mapping[int, float], baseline: Mapping[int, float]) -> dict[str, Any]:
+    """GRPO's units against one baseline's (:func:`unit_values`: seeds, or tool builds when seeds
+    share them): Welch's interval, and the paired one where the units pair up (a trained baseline,
+    or the warm starts, on the same builds); the paired one, when there is one, decides ``beats``
+    (it removes the tool build's share of the spread, which both rows have)."""
+    out = welch_difference(list(grpo.values()), list(baseline.values()))
+    paired = paired_difference(dict(grpo), dict(baseline)) if len(baseline) > 1 else None
     if paired is not None:
         out["paired"] = paired
         out["beats"] = paired["beats"]
     return out
+
+
+TOOK_OFF_CALL_RATE = 0.5
+"""A GRPO seed took off when at least this share of its last step's rollouts called a tool..."""
+
+
+def answer_bound(rows: Mapping[str, Any], n: int) -> float | None:
+    """... and its held-out figure is above the best answer baseline's upper 95% bound: the mean plus
+    1.96 binomial standard errors over ``n`` questions (for scores in [0, 1] the variance is at most
+    m (1 - m), so this bounds ARMed Avg too). ``None`` without answer baselines.
+
+    >>> round(answer_bound({"constant": {"mean": 0.5}, "question_prior": {"mean": 0.515}}, 200), 3)
+    0.584
+    """
+    means = [rows[b]["mean"] for b in ANSWER_BASELINES if b in rows]
+    if not means:
+        return None
+    m = max(means)
+    return m + 1.96 * math.sqrt(max(m * (1 - m), 0.0) / max(1, n))
+
+
+def took_off(seed_row: Mapping[str, Any], bound: float | None) -> bool:
+    """Sampled tool calls on at least :data:`TOOK_OFF_CALL_RATE` of the last step's rollouts, and the
+    final held-out figure above ``bound`` (:func:`answer_bound`; not checked when there is none).
+
+    >>> took_off({"sampled_call_rate_last": 0.9, "metric": 0.88}, 0.58), took_off({"sampled_call_rate_last": 0.02, "metric": 0.5}, 0.58)
+    (True, False)
+    """
+    rate = seed_row.get("sampled_call_rate_last")
+    return bool(rate is not None and rate >= TOOK_OFF_CALL_RATE and (bound is None or seed_row["metric"] > bound))
 
 
 def report(args: Args, out: Path) -> dict[str, Any]:
@@ -633,11 +693,16 @@ def report(args: Args, out: Path) -> dict[str, Any]:
                 continue
             row = final_eval(metrics, key)
             row["cpu_s"] = runs.get(f"{name}_s{seed}", {}).get("cpu_s")
-            row["tool_build"] = build_of(args, seed) if trained_tools(args) else None
+            row["tool_build"] = build_of(args, seed) if trained_tools(args) or args.tool_builds <= 0 else None
             if name == "grpo":
                 sampled = [r["tools/calls_per_episode"] for r in metrics if "tools/calls_per_episode" in r and r["step"] > 0]
                 row["sampled_tool_calls_first"] = sampled[0] if sampled else None
                 row["sampled_tool_calls_last5"] = sum(sampled[-5:]) / len(sampled[-5:]) if sampled else None
+                # the share of the last step's rollouts that called a tool (records before issue 42: calls per
+                # episode, the same at one tool turn)
+                rate = [r.get("rollout/call_rate", r.get("tools/calls_per_episode")) for r in metrics if r["step"] > 0
+                        and isinstance(r.get("rollout/call_rate", r.get("tools/calls_per_episode")), (int, float))]
+                row["sampled_call_rate_last"] = rate[-1] if rate else None
             per_seed[seed] = row
         if per_seed:
             rows[name] = _summary(per_seed)
@@ -660,17 +725,46 @@ def report(args: Args, out: Path) -> dict[str, Any]:
                           "distinct_answers": m.get("eval/distinct_answers"), "greedy_tool_calls": 0.0}}}
             if name == "constant":
                 rows[name]["answer"] = m["answer"]
-    comparisons = {}
+    if "grpo" in rows:  # did each seed take off? (issue 42's rule)
+        bound = answer_bound(rows, args.eval_size)
+        for r in rows["grpo"]["per_seed"].values():
+            r["took_off"] = took_off(r, bound)
+        rows["grpo"]["took_off_seeds"] = sum(r["took_off"] for r in rows["grpo"]["per_seed"].values())
+        rows["grpo"]["answer_bound"] = bound
+    comparisons: dict[str, Any] = {}
+    by_seed: dict[str, Any] = {}
+    unit = "seed" if independent(args) else "tool build"
+    for name, row in rows.items():  # the units of every row with more than one value
+        if name not in ANSWER_BASELINES and name != "warm_start" and row["seeds"] > 1:
+            row["unit"] = unit
+            if unit != "seed":
+                values = unit_values(args, {s: r["metric"] for s, r in row["per_seed"].items()})
+                mean, sd, low, high = t_interval(list(values.values()))
+                row["by_build"] = {"builds": len(values), "values": values, "mean": mean, "sd": sd,
+                                   "ci_low": low, "ci_high": high}
     if "grpo" in rows:
+        grpo_units = unit_values(args, {s: r["metric"] for s, r in rows["grpo"]["per_seed"].items()})
         for name, row in rows.items():
-            if name != "grpo":
-                comparisons[name] = compare(rows["grpo"]["per_seed"], row["per_seed"] if name != "warm_start" else
-                                            {s: warm_rows[build_of(args, s)] for s in rows["grpo"]["per_seed"]
-                                             if build_of(args, s) in warm_rows})
+            if name == "grpo":
+                continue
+            if name == "warm_start":  # one value per warm start, each once
+                seeds = rows["grpo"]["per_seed"]
+                other = ({s: warm_rows[build_of(args, s)]["metric"] for s in seeds if build_of(args, s) in warm_rows}
+                         if unit == "seed" else {b: r["metric"] for b, r in warm_rows.items()})
+            elif name in ANSWER_BASELINES:
+                other = {0: row["mean"]}
+            else:
+                other = unit_values(args, {s: r["metric"] for s, r in row["per_seed"].items()})
+            comparisons[name] = {**compare(grpo_units, other), "unit": unit, "units": len(grpo_units)}
+            if unit != "seed":  # seed against seed as records before issue 42 reported it: not independent
+                per_seed = ({s: warm_rows[build_of(args, s)]["metric"] for s in rows["grpo"]["per_seed"]
+                             if build_of(args, s) in warm_rows} if name == "warm_start" else
+                            {s: r["metric"] for s, r in row["per_seed"].items()})
+                by_seed[name] = compare({s: r["metric"] for s, r in rows["grpo"]["per_seed"].items()}, per_seed)
     recorded_args = {k: v for k, v in asdict(args).items() if k not in ("out", "export")}  # no machine's paths
     return {"args": recorded_args, "metric": key, "warm_start": warm.get(0) or next(iter(warm.values()), {}),
             "warm_starts": warm, "tool_builds": len(builds_of(args)) if trained_tools(args) else 0, "rows": rows,
-            "grpo_minus": comparisons,
+            "unit": unit, "grpo_minus": comparisons, **({"grpo_minus_by_seed": by_seed} if by_seed else {}),
             "beats_every_baseline": bool(comparisons) and all(c["beats"] for c in comparisons.values())}
 
 
@@ -678,8 +772,8 @@ def recorded_args(saved: dict[str, Any], out: Path) -> Args:
     """The :class:`Args` a ``protocol.json`` was made with, reading its run files from ``out`` (a
     protocol recorded before tool builds ran every seed on one build)."""
     known = {f for f in Args.__dataclass_fields__}
-    # settings added later: what the recorded runs had (one build, no format penalty, no probe)
-    before = {"tool_builds": 1, "format_penalty": 0.0, "probe_samples": 0}
+    # settings added later: what the recorded runs had (one build, no format penalty, no probe, KL 0.01)
+    before = {"tool_builds": 1, "format_penalty": 0.0, "probe_samples": 0, "kl_coef": 0.01}
     return Args(**{**before, **{k: v for k, v in saved.items() if k in known}, "out": str(out)})
 
 

@@ -45,6 +45,7 @@ from train.common import (build_policy, check_resume, count_trainable, evaluate_
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, purge_rows
 from train.rollout import ScriptedGenerator, collect_rollouts
+from train.run_report import eval_line, interrupted_message, write_curves
 
 MODALITIES = ["CT", "MRI", "X-Ray", "Ultrasound"]
 
@@ -186,6 +187,7 @@ def main(args: Args) -> dict[str, float]:
     record = write_run_record(out, args, resumed_at=start_step if ckpt is not None else None)
     if start_step >= args.steps and (out / "final").exists():
         print(f"{out} already finished {args.steps} steps; nothing to do")
+        write_curves(out, "train.sft")
         print(run_summary("train.sft", args, out, None, len(select_indices(
             args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
             dataset_options=parse_options(args.dataset_opt, "--dataset-opt")))))
@@ -219,10 +221,32 @@ def main(args: Args) -> dict[str, float]:
     answers_path = out / "heldout_answers.jsonl"  # every held-out answer, so a constant answer cannot pass for learning
     purge_rows(answers_path, start_step + 1 if start_step else 0)  # a resume writes those evaluations again
     if start_step == 0:
-        logger.log(0, evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
-                                       answers_path=answers_path, step=0))
+        first = evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens, answers_path=answers_path, step=0)
+        print(eval_line(0, first), flush=True)
+        logger.log(0, first)
 
     # ---- loop -----------------------------------------------------------------------------
+    try:
+        metrics = _loop(args, out, model, encoder, optimizer, script, pool, eval_pool, train_idx, eval_idx, logger,
+                        saved, state, start_step, answers_path)
+    except KeyboardInterrupt:
+        logger.close(finished=False)
+        write_curves(out, "train.sft")
+        print(interrupted_message("python -m train.sft", out, logger.last_step), file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    if args.save_final:
+        save_policy(model, encoder, out / "final", {**saved, "step": args.steps})
+    logger.close()
+    pool.close()
+    eval_pool.close()
+    write_curves(out, "train.sft")
+    print(run_summary("train.sft", args, out, kind, len(eval_idx)), flush=True)
+    return metrics
+
+
+def _loop(args, out, model, encoder, optimizer, script, pool, eval_pool, train_idx, eval_idx, logger, saved, state,
+          start_step, answers_path) -> dict[str, float]:
+    """The SFT steps: gold trajectories -> cross-entropy -> log/evaluate/checkpoint; the last step's metrics."""
     t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(train_idx)  # the same order on resume: step k trains the same batch
@@ -246,6 +270,7 @@ def main(args: Args) -> dict[str, float]:
         if done == args.steps or (args.eval_every and done % args.eval_every == 0):
             metrics.update(evaluate_heldout(model, encoder, eval_pool, eval_idx, args.max_new_tokens,
                                             answers_path=answers_path, step=done))
+            print(eval_line(done, metrics), flush=True)
         if done == args.steps:
             metrics.update(evaluate_ablations(model, encoder, args, eval_idx, answers_path, done))
         metrics["time/cpu_s"] = time.process_time()
@@ -254,13 +279,6 @@ def main(args: Args) -> dict[str, float]:
         if (args.save_every and done % args.save_every == 0) or done == args.steps:
             save_checkpoint(out, done, model, optimizer, {"wall_s": time.perf_counter() - t_start}, keep=args.keep,
                             encoder=encoder, run_info={**saved, "step": done})
-
-    if args.save_final:
-        save_policy(model, encoder, out / "final", {**saved, "step": args.steps})
-    logger.close()
-    pool.close()
-    eval_pool.close()
-    print(run_summary("train.sft", args, out, kind, len(eval_idx)), flush=True)
     return metrics
 
 

@@ -96,8 +96,26 @@ def test_every_run_gets_its_seed_and_its_seeds_tool_build(tmp_path, runs):
     assert result["tool_builds"] == 3 and result["rows"]["grpo"]["tool_builds"] == 3
     assert [r["tool_build"] for r in result["rows"]["grpo"]["per_seed"].values()] == [0, 1, 2, 0, 1]
     assert result["rows"]["warm_start"]["seeds"] == 3  # one warm start per build
-    assert result["grpo_minus"]["more_sft"]["paired"]["pairs"] == 5
+    # seeds share builds (and warm starts): the builds are the units, each counted once (issue 42)
+    assert result["unit"] == "tool build" and result["grpo_minus"]["more_sft"]["paired"]["pairs"] == 3
+    assert result["grpo_minus"]["warm_start"]["paired"]["pairs"] == 3  # one value per warm start, not 5 from 3
+    assert result["rows"]["grpo"]["by_build"]["builds"] == 3
     assert "out" not in result["args"] and "export" not in result["args"]
+
+
+def test_by_default_every_seed_is_its_own_replicate(tmp_path, runs):
+    """Each seed trains its own tool build and warm start (>= 5 builds for >= 5 seeds): the seeds are
+    independent, so they are the units."""
+    args = protocol.Args(out=str(tmp_path), tools=TOOLS, seeds="0,1,2,3,4", sft_steps=50, sft_save_every=25,
+                         grpo_steps=10, baselines="more_sft")
+    assert protocol.main(protocol.Args(**{**vars(args), "stages": "warm,grpo,baselines"})) == 0
+    by_name = {name: a for name, _, a in runs}
+    for seed in range(5):
+        assert by_name[f"warm_sft_b{seed}"].tool_opt == [f"ground.seed={seed}"]
+        assert by_name[f"grpo_s{seed}"].policy == str(tmp_path / f"warm_sft_b{seed}" / "checkpoints" / "step_000050")
+    result = protocol.report(args, tmp_path)
+    assert result["unit"] == "seed" and result["tool_builds"] == 5 and result["rows"]["warm_start"]["seeds"] == 5
+    assert result["grpo_minus"]["warm_start"]["paired"]["pairs"] == 5 and "by_build" not in result["rows"]["grpo"]
 
 
 def test_without_trained_tools_every_seed_shares_one_build(tmp_path, runs):

@@ -177,6 +177,8 @@ def setting(folder: Path) -> tuple[dict, str]:
         if cpu:
             fig[f"{name}.cpu_min_max"] = max(cpu) / 60
         if name == "grpo":
+            fig["grpo.took_off_seeds"] = row.get("took_off_seeds")  # sampled calls >= 0.5 at the end, above the answers
+            fig["grpo.answer_bound"] = row.get("answer_bound")
             fig["grpo.sampled_calls_first"] = sum(p["sampled_tool_calls_first"] for p in per) / len(per)
             fig["grpo.sampled_calls_last5"] = sum(p["sampled_tool_calls_last5"] for p in per) / len(per)
         if name == "constant":

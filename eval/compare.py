@@ -17,6 +17,7 @@ Arguments that are files (the compare.md/html of an earlier call) are left out.
 from __future__ import annotations
 
 import html
+import io
 import json
 import os
 import sys
@@ -304,22 +305,89 @@ def report_dir(run_dirs: Sequence[str | Path]) -> Path:
     return common if common != Path(common.anchor) else parents[0]
 
 
+PLOTTED = ("closed_accuracy", "armed_open_avg", "mcq_accuracy", "open_exact_match", "judge_accuracy", "pass_at_k",
+           "format_error_rate")
+"""The table's rates drawn in ``compare.png`` (tool calls per episode have their own scale: left out)."""
+
+
+def compare_plot(runs: Sequence[tuple[str, EvalSummary]], select: str = "closed+open") -> bytes | None:
+    """PNG bytes: left, every compared rate a run has, one bar per run with its 95% interval;
+    right, each run's selection score with its interval, the selected run filled and the runs tied
+    within noise hatched. ``None`` when no run has any of them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    titles = dict(COLUMNS)
+    metrics = [m for m in PLOTTED if any(getattr(s.overall, m).value is not None for _, s in runs)]
+    if not metrics:
+        return None
+    sel = choose(runs, select)
+    n = len(runs)
+    colours = plt.get_cmap("tab10")
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(min(11.0, 4.0 + 1.1 * len(metrics) + 0.4 * n), 3.8),
+                                 gridspec_kw={"width_ratios": [max(2, len(metrics)), max(1.2, 0.5 * n)]})
+    width = 0.8 / n
+    for i, (name, s) in enumerate(runs):
+        values = [getattr(s.overall, m) for m in metrics]
+        ys = [v.value if v.value is not None else np.nan for v in values]
+        err = [[max(0.0, v.value - v.ci_low) if v.ci_low is not None and v.value is not None else 0.0 for v in values],
+               [max(0.0, v.ci_high - v.value) if v.ci_high is not None and v.value is not None else 0.0 for v in values]]
+        ax.bar(np.arange(len(metrics)) + (i - (n - 1) / 2) * width, ys, width, yerr=err, capsize=3, label=name,
+               color=colours(i % 10))
+    ax.set_xticks(np.arange(len(metrics)), [titles.get(m, m) for m in metrics], rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Compared figures (95% intervals)", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.8)
+    for i, (name, s) in enumerate(runs):
+        score = selection_score(s, select)
+        if score is None:
+            continue
+        lo, hi = selection_interval(s, select)
+        err = [[score - lo], [hi - score]] if lo is not None else None
+        bx.bar(i, score, 0.7, yerr=err, capsize=4, color=colours(i % 10),
+               alpha=1.0 if name == sel.selected else 0.55, hatch="//" if name in sel.tied else None,
+               edgecolor="black" if name == sel.selected else None)
+    bx.set_xticks(range(n), [name for name, _ in runs], rotation=20, ha="right", fontsize=8)
+    bx.set_ylim(0, 1.05)
+    verdict = f"selected: {sel.selected}" if sel.selected else ("tie within noise" if sel.within_noise else
+                                                                  ("tie" if sel.tied else "none selected"))
+    bx.set_title(f"{select} score ({verdict})", fontsize=10)
+    bx.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def write_compare_reports(out_dir: str | Path, runs: Sequence[tuple[str, EvalSummary]], run_dirs: Sequence[str | Path],
                           select: str, ci: bool, warnings: Sequence[str]) -> dict[str, Path]:
-    """``compare.md`` and ``compare.html`` in ``out_dir``: which runs, the warnings, the
-    selection table (with the tie line) and the detail table."""
+    """``compare.md``, ``compare.html`` and ``compare.png`` in ``out_dir``: which runs, the warnings,
+    the selection table (with the tie line), the plot of the compared figures with their intervals
+    (:func:`compare_plot`, embedded in the page) and the detail table."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     selection = comparison_table(runs, select, ci)
     detail = detail_table(runs, ci)
+    png = compare_plot(runs, select)
     md = ["# Comparison", "", f"Selection metric: `{select}`.", "", "Runs:", ""]
     md += [f"- {name}: `{path}`" for (name, _), path in zip(runs, run_dirs)]
     if warnings:
         md += ["", "**Warnings:**", ""] + [f"- {w}" for w in warnings]
-    md += ["", "## Selection", "", selection, "", "## Detail", "", detail, ""]
+    md += ["", "## Selection", "", selection, ""]
+    if png is not None:
+        md += ["![compared figures with their 95% intervals](compare.png)", ""]
+    md += ["## Detail", "", detail, ""]
     paths = {"markdown": out / "compare.md", "html": out / "compare.html"}
+    if png is not None:
+        paths["plot"] = out / "compare.png"
+        paths["plot"].write_bytes(png)
     paths["markdown"].write_text("\n".join(md))
-    paths["html"].write_text(_html(runs, run_dirs, select, warnings, selection, detail))
+    paths["html"].write_text(_html(runs, run_dirs, select, warnings, selection, detail, png))
     return paths
 
 
@@ -336,10 +404,10 @@ def _html_table(markdown: str) -> list[str]:
     return ["<table>", *parts, "</table>"] + [f"<p><strong>{esc(n)}</strong></p>" for n in notes]
 
 
-def _html(runs, run_dirs, select, warnings, selection, detail) -> str:
+def _html(runs, run_dirs, select, warnings, selection, detail, png: bytes | None = None) -> str:
     esc = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>MedVQA-Gym comparison</title>",
-             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}img{max-width:100%;height:auto}"
              "table{border-collapse:collapse;margin-bottom:1.5em;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}</style></head><body>",
@@ -348,7 +416,13 @@ def _html(runs, run_dirs, select, warnings, selection, detail) -> str:
     parts.append("</ul>")
     if warnings:
         parts += ["<p><strong>Warnings:</strong></p><ul>"] + [f"<li>{esc(w)}</li>" for w in warnings] + ["</ul>"]
-    parts += ["<h2>Selection</h2>", *_html_table(selection), "<h2>Detail</h2>", *_html_table(detail), "</body></html>"]
+    parts += ["<h2>Selection</h2>", *_html_table(selection)]
+    if png is not None:
+        import base64
+
+        parts.append(f"<img alt='compared figures with their 95% intervals' "
+                     f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+    parts += ["<h2>Detail</h2>", *_html_table(detail), "</body></html>"]
     return "\n".join(parts)
 
 
@@ -437,7 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(detail_table(runs, args.ci))
         paths = write_compare_reports(args.out or report_dir(run_dirs), runs, [folders[n] for n, _ in runs],
                                       args.select, args.ci, warnings)
-        print(f"Wrote {paths['markdown']} and {paths['html']}", file=sys.stderr)
+        print(f"Wrote {paths['markdown']} and {paths['html']}" + (f" (plot: {paths['plot']})" if "plot" in paths else ""),
+              file=sys.stderr)
         return 0
 
     return run_cli(prog, compare)

@@ -14,7 +14,8 @@ from eval.summary import EvalSummary, GroupSummary, MetricValue
 from eval.usage import usage_lines
 
 RUN_TOOL_KINDS = ("tool_unavailable", "tool_crash")
-MAX_LISTED = 50  # failed episodes listed in report.md / report.html
+MAX_LISTED = 50
+FIGURE_MAX_PX = 1200  # report.html's page width: no figure is wider  # failed episodes listed in report.md / report.html
 
 # (field, column title, is a percentage)
 HEADLINE = (
@@ -225,10 +226,15 @@ def plots(summary: EvalSummary) -> dict[str, bytes]:
              "Headline metrics (95% CI)", (7, 3.5))
     panels = [(title, list(groups), [groups[n].armed_score for n in groups]) for title, groups in _groups(summary)]
     panels = [p for p in panels if _has_values(p[2]) and not (len(p[1]) == 1 and p[1][0] == "unknown")]
-    if panels:
-        fig, axes = plt.subplots(1, len(panels), figsize=(3.5 * len(panels), 3.5), squeeze=False)
-        for ax, (title, names, values) in zip(axes[0], panels):
+    if panels:  # at most two panels a row: the figure fits the page (FIGURE_MAX_PX wide)
+        cols = min(2, len(panels))
+        rows = -(-len(panels) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.5 * cols, 3.5 * rows), squeeze=False)
+        for ax, (title, names, values) in zip(axes.flat, panels):
             _bar(ax, names, values, f"ARMed score by {title.lower()}")
+            ax.set_ylim(0, 1.05)  # one scale for every panel
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
         save(fig, "by_slice")
     bar_plot("open_metrics", [t for _, t in OPEN_TABLE], [getattr(g, f) for f, _ in OPEN_TABLE],
              "OPEN answers: ARMed metrics")
@@ -245,6 +251,7 @@ def to_html(summary: EvalSummary, images: Mapping[str, bytes], title: str | None
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              f"<title>{esc(title or 'MedVQA-Gym evaluation')}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+             "img{max-width:100%;height:auto}"
              "table{border-collapse:collapse;margin-bottom:1.5em;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}</style></head><body>",

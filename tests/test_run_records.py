@@ -59,6 +59,20 @@ def test_a_protocol_record_names_its_commit_tools_data_and_warm_starts(protocol)
     assert commits == {identity["code"]["git_commit"]}, "every run of a protocol comes from its one commit"
 
 
+@pytest.mark.parametrize("record", _current("eval.json"), ids=lambda p: p.relative_to(RUNS).parent.as_posix())
+def test_a_current_evaluation_names_its_commit_and_its_trained_tools_by_hash(record):
+    """``train.evaluate``'s ``eval.json`` (a warm start's test figure, a candidate's val probe) names the
+    commit that made it and every trained tool by content hash, or its folder is listed historical."""
+    run = json.loads(record.read_text())
+    provenance = run.get("provenance") or {}
+    assert provenance.get("git_dirty") is False and re.fullmatch(r"[0-9a-f]{40}", str(provenance.get("git_commit"))), record
+    identity = run.get("tool_identity")
+    assert isinstance(identity, dict), f"{record}: no tool_identity"
+    for name, tool in identity.items():
+        if tool.get("engine") == "trained":
+            assert re.fullmatch(r"[0-9a-f]{64}", str(tool.get("content_hash"))), f"{record}: {name!r} has no hash"
+
+
 def test_no_current_record_holds_an_absolute_path_of_the_machine_that_ran_it():
     found = []
     for path in sorted(p for p in RUNS.rglob("*") if p.is_file() and not _historical(p)):

@@ -61,3 +61,36 @@ def test_what_enters_the_buffers_is_the_normalised_covered_score(armed):
     buffers = armed.thresholds.state_dict()["buffers"]
     assert len(buffers["bertscore"]) == len(buffers["cosine"]) == 1
     assert buffers["bertscore"][0] == pytest.approx(1.0, abs=1e-6)  # ＣＴ read as ct: a full match
+
+
+# ---- the one answer rule inside ARMed: the best accepted answer, and only it, counts -------------------
+def _alt(answer, gold, alternatives):
+    meta = {"answer_alternatives": alternatives} if alternatives else {}
+    return RewardInput(f"\\boxed{{{answer}}}", answer, gold, AnswerType.OPEN, metadata=meta)
+
+
+def test_armed_scores_the_best_accepted_answer_and_only_it_enters_the_buffers(armed):
+    out = armed([_alt("mass", "septic cerebral emboli", ["mass", "emboli"]),
+                 _alt("mass", "mass", []),
+                 _alt("emboli", "septic cerebral emboli", ["mass", "emboli"])])
+    best, alone, third = out
+    assert best.components["alternative"] == 1.0 and best.components["n_alternatives"] == 3.0
+    assert best.total == pytest.approx(alone.total, abs=1e-9) and best.components["accuracy"] == 1.0
+    assert third.components["alternative"] == 2.0
+    armed.end_batch(0)
+    buffers = armed.thresholds.state_dict()["buffers"]
+    # one entry per sample (its winning alternative's), each a full match: not the losing alternatives'
+    assert len(buffers["bertscore"]) == len(buffers["cosine"]) == 3
+    assert min(buffers["bertscore"]) == pytest.approx(1.0, abs=1e-6) and min(buffers["cosine"]) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_armed_keeps_the_first_of_equally_good_alternatives_and_keeps_empty_answers_out(armed):
+    """A tie goes to the earlier accepted answer ('mass.' reads as 'mass'); a missing or empty
+    answer scores 0 on every metric and enters no buffer."""
+    tie, empty, missing = armed([_alt("mass", "emboli", ["mass", "mass."]), _alt("", "liver", []),
+                                 RewardInput("no answer", None, "liver", AnswerType.OPEN, format_ok=False)])
+    assert tie.components["alternative"] == 1.0
+    assert empty.components["bleu1"] == empty.components["rouge1"] == empty.components["bertscore"] == 0.0
+    assert missing.components["format"] == 0.0 and missing.components["cosine"] == 0.0
+    armed.end_batch(0)
+    assert len(armed.thresholds.state_dict()["buffers"]["bertscore"]) == 1

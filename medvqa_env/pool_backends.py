@@ -331,16 +331,20 @@ class ProcessWorkers:
 # Ray actors
 # ==============================================================================================
 def ensure_ray(num_cpus: int | None = None):
-    """Start a local Ray (no dashboard, token auth off) unless one is already up."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    """Start a local Ray unless one is already up: no dashboard, its node on 127.0.0.1, and Ray's
+    own token auth as Ray sets it for a new local cluster (on, with a token it keeps in
+    ``~/.ray/auth_token``; ``RAY_AUTH_MODE=disabled`` opts out, as the test suite does). With
+    ``RAY_ADDRESS`` set, Ray joins that cluster instead, as it is."""
     import ray
 
     if not ray.is_initialized():
-        env_vars = {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-        if "MEDVQA_CACHE" in os.environ:
-            env_vars["MEDVQA_CACHE"] = os.environ["MEDVQA_CACHE"]
+        env_vars = {"HF_HUB_OFFLINE": "1"}
+        for name in ("MEDVQA_CACHE", "RAY_AUTH_MODE"):
+            if name in os.environ:
+                env_vars[name] = os.environ[name]
+        local = {} if os.environ.get("RAY_ADDRESS") else {"_node_ip_address": "127.0.0.1"}
         ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": env_vars})
+                 runtime_env={"env_vars": env_vars}, **local)
     return ray
 
 

@@ -3,10 +3,13 @@
 One pool of keep-alive connections per backend; each call has a deadline of ``timeout_s`` in total,
 and retries with exponential backoff only what is safe and quick to retry (connection refused or
 reset, 502/503/504) within that deadline. The connections are a minimal HTTP/1.1 client on the
-standard library's sockets (:class:`Connection`, with ``TCP_NODELAY``), not ``httpx`` as elsewhere in
-the project nor ``http.client``: a tool call is on the rollout's critical path, and a request costs
-about a third of ``http.client``'s client CPU (``benchmarks/bench_group.py``, its per-request floor
-table; ``benchmarks/bench_tools.py`` measures the remote overhead per tool). A timeout, a dead server or a refusal becomes a
+standard library's sockets (:class:`Connection`, with ``TCP_NODELAY``) framed by h11, not ``httpx`` as
+elsewhere in the project nor ``http.client``: a tool call is on the rollout's critical path
+(``benchmarks/bench_group.py``, its per-request floor table; ``benchmarks/bench_tools.py`` measures
+the remote overhead per tool). A server cannot hold a call past its ``timeout_s`` (one deadline for
+connecting, sending, the head, interim answers and the body, however slowly they drip), nor make the
+client read more than ``max_response_mb``; a malformed answer is never guessed at, and a connection is
+reused only when nothing is left on it. A timeout, a dead or hostile server or a refusal becomes a
 :class:`ToolBackendError` whose message the env shows the model; the episode goes on.
 
 The bearer token is read from the environment variable named by ``token_env`` and is never
@@ -86,21 +89,41 @@ class Response(NamedTuple):
         return self.content.decode("utf-8", "replace")
 
 
-MAX_HEADER_LINE = 65536
+MAX_HEADER_BYTES = 65536
+"""Bytes a response's head (status line and headers) may take."""
 MAX_HEADERS = 100
+MAX_INTERIM = 8
+"""Interim (1xx) answers a response may open with before the client gives up on it."""
+MAX_RESPONSE_BYTES = 256 << 20
+"""Default for the largest response body a client reads (``HTTPToolBackend(max_response_mb=...)``)."""
+
+
+class ProtocolError(http.client.HTTPException):
+    """A response that breaks HTTP/1.1's framing or one of the client's bounds (head size,
+    header count, interim answers)."""
+
+
+class ResponseTooLarge(ProtocolError):
+    """A response body over the client's ``max_response_bytes`` (not retried: it would be again)."""
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection: a request goes out in one ``sendall``, and the answer is
-    read with a few ``readline`` calls. The standard library's ``http.client`` spends most of its
-    client CPU parsing headers through ``email``; this takes about a third of it
-    (``benchmarks/bench_group.py``, the per-request floor table). It speaks what a tool server, the router
-    or a proxy in front of them answers: ``content-length`` or ``chunked`` bodies, or a body up to
-    the connection's close. Transport failures raise ``OSError`` or ``http.client.HTTPException``
-    (``RemoteDisconnected`` when a kept connection was closed by the server before answering)."""
+    """One keep-alive HTTP/1.1 connection; the framing is h11's (strict: a malformed or ambiguous
+    answer is a :class:`ProtocolError`, never a guess). A request has **one deadline** for all of it
+    -- sending, the head, any interim answers, the body -- however slowly the server drips it;
+    the head is bounded by :data:`MAX_HEADER_BYTES` and :data:`MAX_HEADERS`, interim answers by
+    :data:`MAX_INTERIM`, the body by ``max_response_bytes``. A connection is kept for the next
+    request only when the answer ended exactly where its framing says (no bytes after it) and
+    both sides may go on. Transport failures raise ``OSError`` (``TimeoutError`` past the
+    deadline) or ``http.client.HTTPException`` (``RemoteDisconnected`` when a kept connection
+    was closed by the server before answering)."""
 
-    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+        import h11
+
         self.host, self.port = host, port
+        self.max_response_bytes = int(max_response_bytes)
         sock = socket.create_connection((host, port), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -110,124 +133,165 @@ class Connection:
             sock.close()
             raise
         self.sock = sock
-        self._file = sock.makefile("rb")
+        self._h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.will_close = False
 
     def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str],
                 timeout: float) -> Response:
-        self.sock.settimeout(timeout)
-        lines = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}"]
+        import h11
+
+        deadline = time.monotonic() + timeout
+        fields = [("host", f"{self.host}:{self.port}")]
         for k, v in headers.items():
             if any(c in str(k) + str(v) for c in "\r\n\0"):  # as http.client: no header splitting
                 raise ValueError(f"invalid header {k!r}")
-            lines.append(f"{k}: {v}")
+            fields.append((str(k), str(v)))
         if body is not None or method in ("POST", "PUT"):
-            lines.append(f"content-length: {len(body or b'')}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        self.sock.sendall(head + body if body else head)
+            fields.append(("content-length", str(len(body or b""))))
+        conn = self._h11
+        try:
+            out = conn.send(h11.Request(method=method, target=path, headers=fields))
+            if body:
+                out += conn.send(h11.Data(data=body))
+            out += conn.send(h11.EndOfMessage())
+        except h11.LocalProtocolError as e:
+            raise ValueError(f"cannot send this request: {e}") from None
+        try:
+            self._send(out, deadline)
+        except (BrokenPipeError, ConnectionResetError):
+            # the server answered early (a refusal) and closed: its answer may be waiting for us
+            self.will_close = True
+        try:
+            return self._response(method, deadline)
+        except h11.RemoteProtocolError as e:
+            self.will_close = True
+            raise ProtocolError(f"malformed response: {e}") from None
+
+    def _send(self, data: bytes, deadline: float) -> None:
+        self.sock.settimeout(self._left(deadline))
+        self.sock.sendall(data)  # the timeout bounds the whole sendall
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        return left
+
+    def _response(self, method: str, deadline: float) -> Response:
+        import h11
+
+        conn, received, interim = self._h11, 0, 0
+        status, fields, chunks, size = None, {}, [], 0
         while True:
-            status, reason, fields, version = self._read_head()
-            if not 100 <= status < 200:  # skip interim answers (100 Continue)
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                self.sock.settimeout(self._left(deadline))
+                want = 65536  # until the head is in, never more than its bound past it: h11 then refuses it
+                if status is None:
+                    want = max(1, min(want, MAX_HEADER_BYTES * (interim + 1) + 1 - received))
+                data = self.sock.recv(want)
+                if not data and not received:
+                    self.will_close = True
+                    raise http.client.RemoteDisconnected("Remote end closed connection without response")
+                received += len(data)
+                conn.receive_data(data)
+            elif isinstance(event, h11.InformationalResponse):
+                interim += 1
+                if interim > MAX_INTERIM:
+                    self.will_close = True
+                    raise ProtocolError(f"more than {MAX_INTERIM} interim (1xx) answers")
+            elif isinstance(event, h11.Response):
+                if len(event.headers) > MAX_HEADERS:
+                    self.will_close = True
+                    raise ProtocolError(f"more than {MAX_HEADERS} headers")
+                status = event.status_code
+                for name, value in event.headers:
+                    name, value = name.decode("latin-1"), value.decode("latin-1")
+                    fields[name] = f"{fields[name]}, {value}" if name in fields else value
+                length = fields.get("content-length", "")
+                if length.isdigit() and int(length) > self.max_response_bytes:
+                    self.will_close = True
+                    raise ResponseTooLarge(f"a response body of {int(length)} bytes is over the client's "
+                                           f"limit of {self.max_response_bytes}")
+            elif isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > self.max_response_bytes:
+                    self.will_close = True
+                    raise ResponseTooLarge(f"a response body over the client's limit of {self.max_response_bytes} "
+                                           "bytes")
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
                 break
-        no_body = method == "HEAD" or status in (204, 304)  # never a body, whatever the headers say
-        content = b"" if no_body else self._read_body(fields)
-        connection = fields.get("connection", "").lower()
-        self.will_close = (self.will_close or "close" in connection
-                           or (version == "HTTP/1.0" and "keep-alive" not in connection))
+            else:  # ConnectionClosed before the answer was whole
+                self.will_close = True
+                raise http.client.IncompleteRead(b"".join(chunks))
+        trailing, closed = conn.trailing_data
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE and not trailing and not closed:
+            conn.start_next_cycle()
+        else:  # bytes after the answer, or either side must close: never read as the next answer
+            self.will_close = True
+        content = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return Response(status, fields, content)
 
-    def _readline(self) -> bytes:
-        line = self._file.readline(MAX_HEADER_LINE + 1)
-        if len(line) > MAX_HEADER_LINE:
-            raise http.client.LineTooLong("header line")
-        return line
+    def idle_ok(self) -> bool:
+        """Whether a kept connection may carry the next request: nothing has arrived on it
+        since its last answer (unsolicited bytes, or the server's close)."""
+        import select
 
-    def _read_head(self) -> tuple[int, str, dict[str, str], str]:
-        line = self._readline()
-        if not line:
-            raise http.client.RemoteDisconnected("Remote end closed connection without response")
-        version, _, rest = line.decode("latin-1").rstrip("\r\n").partition(" ")
-        code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/") or len(code) != 3 or not code.isdigit():
-            raise http.client.BadStatusLine(line.decode("latin-1", "replace")[:100])
-        fields: dict[str, str] = {}
-        for _ in range(MAX_HEADERS + 1):
-            line = self._readline()
-            if line in (b"\r\n", b"\n"):
-                return int(code), reason, fields, version
-            if not line:
-                raise http.client.IncompleteRead(b"", None)
-            name, sep, value = line.decode("latin-1").partition(":")
-            if not sep:
-                raise http.client.HTTPException(f"malformed header line {line[:100]!r}")
-            name = name.strip().lower()
-            fields[name] = f"{fields[name]}, {value.strip()}" if name in fields else value.strip()
-        raise http.client.HTTPException(f"more than {MAX_HEADERS} headers")
-
-    def _read_exactly(self, n: int) -> bytes:
-        data = self._file.read(n)
-        if len(data) < n:
-            raise http.client.IncompleteRead(data, n - len(data))
-        return data
-
-    def _read_body(self, fields: Mapping[str, str]) -> bytes:
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            parts = []
-            while True:
-                size_line = self._readline().split(b";", 1)[0].strip()
-                try:
-                    size = int(size_line, 16)
-                except ValueError:
-                    raise http.client.HTTPException(f"malformed chunk size {size_line[:20]!r}") from None
-                if size == 0:
-                    while self._readline() not in (b"\r\n", b"\n", b""):  # trailers
-                        pass
-                    return b"".join(parts)
-                parts.append(self._read_exactly(size))
-                self._read_exactly(2)  # the chunk's CRLF
-        length = fields.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise http.client.HTTPException(f"malformed content-length {length[:20]!r}")
-            return self._read_exactly(int(length))
-        self.will_close = True  # the body runs to the connection's end
-        return self._file.read()
+        try:
+            return not select.select([self.sock], [], [], 0)[0]
+        except (OSError, ValueError):
+            return False
 
     def close(self) -> None:
-        self._file.close()
         self.sock.close()
 
 
 class ConnectionPool:
     """Keep-alive :class:`Connection` s to one server, shared by threads (at most ``size`` kept
-    idle). A kept connection the server has closed in the meantime is replaced once, silently, as
-    a fresh one would have been used."""
+    idle). A kept connection that has anything to read before its next request (the server closed
+    it, or sent bytes nobody asked for) is dropped; one the server closes just as the request goes
+    out is replaced once, within the same deadline, as a fresh one would have been used."""
 
-    def __init__(self, url: str, size: int, connect_timeout_s: float) -> None:
+    def __init__(self, url: str, size: int, connect_timeout_s: float,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         parts = urlsplit(url)
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or (443 if self.https else 80)
         self.size, self.connect_timeout_s = int(size), float(connect_timeout_s)
+        self.max_response_bytes = int(max_response_bytes)
         self._tls = ssl.create_default_context() if self.https else None
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
     def _new(self, timeout: float) -> Connection:
-        return Connection(self.host, self.port, min(self.connect_timeout_s, timeout), self._tls)
+        return Connection(self.host, self.port, min(self.connect_timeout_s, timeout), self._tls,
+                          self.max_response_bytes)
+
+    def _kept(self) -> Connection | None:
+        while True:
+            with self._lock:
+                kept = self._idle.pop() if self._idle else None
+            if kept is None or kept.idle_ok():
+                return kept
+            kept.close()
 
     def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str],
                 timeout: float) -> Response:
-        """One request on a kept connection (or a new one); raises ``OSError`` /
-        ``http.client.HTTPException`` for transport failures, ``TimeoutError`` on timeouts."""
-        with self._lock:
-            kept = self._idle.pop() if self._idle else None
+        """One request on a kept connection (or a new one), all within ``timeout``; raises
+        ``OSError`` / ``http.client.HTTPException`` for transport failures, ``TimeoutError`` on
+        timeouts."""
+        deadline = time.monotonic() + timeout
+        kept = self._kept()
         if kept is None:
             return self._send(self._new(timeout), method, path, body, headers, timeout)
         try:
             return self._send(kept, method, path, body, headers, timeout)
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-            # the server closed the kept connection while it was idle: a fresh one gets the request
-            return self._send(self._new(timeout), method, path, body, headers, timeout)
+            # the server closed the kept connection as the request went out: a fresh one gets it
+            left = Connection._left(deadline)
+            return self._send(self._new(left), method, path, body, headers, left)
 
     def _send(self, conn: Connection, method: str, path: str, body: bytes | None,
               headers: Mapping[str, str], timeout: float) -> Response:
@@ -264,6 +328,7 @@ class HTTPToolBackend:
         transport: how images travel: ``png``, ``raw`` or ``path`` (see :mod:`tool_backends.wire`).
         shared_dir: for ``path``, a directory the server can read (one of its image roots).
         pool_size: keep-alive connections kept open.
+        max_response_mb: the largest answer read (a bigger one is a ``ToolBackendError``).
         result_format: ``png``, ``raw`` or ``path`` (read from ``shared_dir``, where the server's
             ``--result-dir`` points) for the images coming back.
         derived_images: let the server send a mask overlay or drawn boxes as a recipe the client
@@ -276,7 +341,8 @@ class HTTPToolBackend:
     def __init__(self, tools: Sequence[str] | None = None, url: str = "http://127.0.0.1:7660", timeout_s: float = 30.0,
                  retries: int = 2, backoff_s: float = 0.05, token_env: str | None = None, transport: str = "raw",
                  shared_dir: str | None = None, pool_size: int = 8, result_format: str = "raw",
-                 connect_timeout_s: float = 2.0, derived_images: bool = True, optimistic_refs: bool = True) -> None:
+                 connect_timeout_s: float = 2.0, derived_images: bool = True, optimistic_refs: bool = True,
+                 max_response_mb: float = MAX_RESPONSE_BYTES / (1 << 20)) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"expected an http(s) URL for a tool server, got {url!r}")
         if transport not in TRANSPORTS:
@@ -287,6 +353,8 @@ class HTTPToolBackend:
             raise ConfigError(f"expected result_format in {list(TRANSPORTS)}, got {result_format!r}")
         if result_format == "path" and not shared_dir:
             raise ConfigError("result_format 'path' needs a shared_dir (the server's --result-dir)")
+        if not max_response_mb > 0:
+            raise ConfigError(f"expected max_response_mb > 0, got {max_response_mb!r}")
         if not timeout_s > 0 or retries < 0:
             raise ConfigError(f"expected timeout_s > 0 and retries >= 0, got {timeout_s!r}, {retries!r}")
         if token_env is not None and not os.environ.get(token_env):
@@ -304,6 +372,7 @@ class HTTPToolBackend:
         self.connect_timeout_s = float(connect_timeout_s)
         self.derived_images = bool(derived_images)
         self.optimistic_refs = bool(optimistic_refs)
+        self.max_response_bytes = int(max_response_mb * (1 << 20))
         self._specs: list[ToolSpec] | None = None
         self._pool: ConnectionPool | None = None
         self._auth: dict[str, str] = {}
@@ -316,7 +385,7 @@ class HTTPToolBackend:
         if self._pool is None:
             if self.token_env:  # read at first use, never pickled (see __getstate__)
                 self._auth = {"authorization": f"Bearer {os.environ.get(self.token_env, '')}"}
-            self._pool = ConnectionPool(self.url, self.pool_size, self.connect_timeout_s)
+            self._pool = ConnectionPool(self.url, self.pool_size, self.connect_timeout_s, self.max_response_bytes)
         return self._pool
 
     def __getstate__(self) -> dict[str, Any]:
@@ -343,6 +412,9 @@ class HTTPToolBackend:
                 break
             try:
                 response = pool.request(method, path, content, headers, remaining)
+            except ResponseTooLarge as e:  # not retried: it would be as large again
+                raise ToolBackendError(f"{what} sent an answer too large to read ({e}). Try another tool or "
+                                       "answer without it.") from None
             except (TimeoutError, socket.timeout):
                 raise ServerUnavailable(f"{what} timed out after {self.timeout_s:g} s (server {self.url}). "
                                         "Try another tool or answer without it.",
@@ -383,9 +455,12 @@ class HTTPToolBackend:
                 raise ConfigError(f"tool server {self.url} refused /tools ({response.status_code}): "
                                   f"{self._detail(response)}")
             served = {}
-            for entry in response.json().get("tools", []):
-                fn = entry["function"]
-                served[fn["name"]] = ToolSpec(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
+            try:
+                for entry in response.json().get("tools", []):
+                    fn = entry["function"]
+                    served[fn["name"]] = ToolSpec(fn["name"], fn.get("description", ""), fn.get("parameters", {}))
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                raise ConfigError(f"tool server {self.url} sent a malformed /tools answer: {type(e).__name__}") from None
             wanted = self.tools if self.tools is not None else list(served)
             missing = [n for n in wanted if n not in served]
             if missing:
@@ -498,7 +573,13 @@ class HTTPToolBackend:
 
     def health(self) -> dict[str, Any]:
         response = self._request("GET", "/health", f"Tool server {self.url}")
-        return response.json()
+        try:
+            report = response.json()
+        except ValueError:
+            report = None
+        if not isinstance(report, dict):
+            raise ToolBackendError(f"Tool server {self.url} sent a malformed /health answer ({response.status_code})")
+        return report
 
     def close(self) -> None:
         if self._pool is not None:

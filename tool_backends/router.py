@@ -11,6 +11,8 @@ share the upstream's answer: the server's event loop joins them before its concu
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Any, Mapping
 
@@ -20,20 +22,46 @@ from tool_backends.server import ServerSettings, create_app
 from tool_backends.single_flight import request_key
 
 
+log = logging.getLogger(__name__)
+
+
+class UpstreamLog:
+    """Says once, in the log, when an upstream stops answering and once when it answers again
+    (seen by a forwarded call or by ``/health``), not on every failed call."""
+
+    def __init__(self) -> None:
+        self.down: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def saw(self, url: str, tools, problem: str | None) -> None:
+        with self._lock:
+            was_down = url in self.down
+            if problem is not None and not was_down:
+                self.down[url] = problem
+                log.warning("upstream %s (tools %s) is down: %s", url, sorted(tools), problem)
+            elif problem is None and was_down:
+                del self.down[url]
+                log.warning("upstream %s (tools %s) is back", url, sorted(tools))
+
+
 class Upstream:
     """One upstream server as the router's ``/call`` sees it: :meth:`forward` sends a body
     unchanged and returns (status, body, media type); :meth:`key` names a request for sharing --
     the whole request (path, accepted formats, body: tool, arguments, image refs or bytes,
     context) and the upstream, so only identical requests to one server share an answer."""
 
-    def __init__(self, client: HTTPToolBackend) -> None:
-        self.client = client
+    def __init__(self, client: HTTPToolBackend, tools=(), states: UpstreamLog | None = None) -> None:
+        self.client, self.tools, self.states = client, tuple(tools), states
 
     def key(self, path: str, body: bytes, accept: str | None) -> bytes:
         return request_key(body, path, str(accept), self.client.url)
 
     def forward(self, path: str, body: bytes, accept: str | None = None) -> tuple[int, bytes, str]:
-        return self.client.forward(path, body, accept)
+        status, content, media_type = self.client.forward(path, body, accept)
+        if self.states is not None:
+            unreachable = status in (502, 504) and content.startswith(b"{\"detail\": \"Upstream ")  # our client: none came
+            self.states.saw(self.client.url, self.tools, f"HTTP {status} forwarding a call" if unreachable else None)
+        return status, content, media_type
 
 
 def parse_upstreams(spec: str | Mapping[str, str]) -> dict[str, str]:
@@ -49,6 +77,9 @@ def parse_upstreams(spec: str | Mapping[str, str]) -> dict[str, str]:
         name, sep, url = part.partition("=")
         if not sep or not name.strip() or not url.strip().startswith(("http://", "https://")):
             raise ConfigError(f"expected 'tool=http://host:port', got {part!r}")
+        if name.strip() in out:
+            raise ConfigError(f"--upstream names tool {name.strip()!r} twice ({out[name.strip()]} and {url.strip()}): "
+                              "the router sends each tool to one server; name each tool once")
         out[name.strip()] = url.strip()
     if not out:
         raise ConfigError(f"expected at least one 'tool=url' upstream, got {spec!r}")
@@ -88,9 +119,11 @@ def create_router_app(upstreams: Mapping[str, str], settings: ServerSettings | N
                                  transport="raw", result_format="png")
         client.specs()  # fail now, with the URL in the message, if an upstream is missing a tool
         backends.update({t: client for t in tools})
-    upstreams_of = {url: Upstream(backends[tools[0]]) for url, tools in by_url.items()}
+    states = UpstreamLog()
+    upstreams_of = {url: Upstream(backends[tools[0]], tools, states) for url, tools in by_url.items()}
     app = create_app(backends, settings, proxy={t: upstreams_of[url] for url, tools in by_url.items() for t in tools})
-    _replace_health(app, by_url, token_env)
+    app.state.upstream_log = states
+    _replace_health(app, by_url, token_env, states)
     return app
 
 
@@ -122,7 +155,8 @@ def upstream_health(by_url: Mapping[str, list[str]], timeout_s: float = 2.0,
             "unavailable_tools": sorted(t for u in down for t in u["tools"])}
 
 
-def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None) -> None:
+def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None,
+                    states: UpstreamLog | None = None) -> None:
     """The router's ``/health`` reports its upstreams: 200 ``ok`` when every one answers, else 503
     ``degraded`` naming the dead ones (a load balancer then stops sending it work)."""
     from fastapi.responses import JSONResponse
@@ -134,6 +168,9 @@ def _replace_health(app, by_url: Mapping[str, list[str]], token_env: str | None)
     @app.get("/health")
     async def health():
         report = await run_in_threadpool(upstream_health, by_url, 2.0, token_env)
+        for upstream in report["upstreams"]:
+            if states is not None:
+                states.saw(upstream["url"], upstream["tools"], None if upstream["status"] == "ok" else upstream["status"])
         body = {**report, "tools": sorted(service.backends), "calls": service.calls,
                 "forwarded": forwarding.computed,
                 "joined_in_flight": forwarding.joined,

@@ -34,6 +34,7 @@ import hmac
 import json
 import ipaddress
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from medvqa_env.images import DEFAULT_MAX_PIXELS, image_file
 from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
-from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, read_timeout_protocol
+from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, parse_request_json, read_timeout_protocol
 from tool_backends.single_flight import (AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in,
                                          request_key)
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
@@ -54,6 +55,8 @@ from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, dec
                                 result_to_wire, target_index)
 
 log = logging.getLogger(__name__)
+MAX_ANNOTATIONS = 1024
+"""Boxes, masks and labels a call's ``context`` may carry, each (more: 400)."""
 
 
 @dataclass
@@ -97,9 +100,12 @@ class ServerSettings:
     and each part of a body within this of the previous one (else 408)."""
     max_connections: int = 256
     """Open connections (and requests in flight) at once; more get 503 from uvicorn."""
+    body_timeout_s: float = 60.0
+    """A request's whole body must be in within this of its head (else 408), however it trickles."""
     upload_wait_s: float = 2.0
     """How long a request referring to an image another request is about to upload (a GRPO group's
-    shared image, optimistic refs) waits for it before getting its own 409; 0 disables."""
+    shared image, optimistic refs) waits for it before getting its own 409, in all (however many
+    refs it names); 0 disables. A request whose client disconnects stops waiting."""
 
 
 def is_loopback(host: str) -> bool:
@@ -123,107 +129,186 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.max_concurrency < 1 or settings.max_body_bytes < 1024:
         raise ConfigError(f"expected max_concurrency >= 1 and max_body_bytes >= 1024, got {settings!r}")
     limits = {k: getattr(settings, k) for k in ("max_batch_calls", "max_request_pixels", "max_result_pixels",
-                                                "max_action_chars", "max_connections", "read_timeout_s")}
+                                                "max_action_chars", "max_connections", "read_timeout_s", "body_timeout_s")}
     if any(v is not None and v <= 0 for v in limits.values()):
         raise ConfigError(f"expected every limit to be > 0, got {limits}")
 
 
-class BodyLimit:
-    """ASGI middleware: refuse bodies over ``limit`` bytes (by header, and while streaming), and
-    bodies whose next part takes over ``read_timeout_s`` to arrive (408)."""
+LOOPBACK_NAMES = ("localhost",)
 
-    def __init__(self, app, limit: int, read_timeout_s: float | None = None) -> None:
-        self.app, self.limit, self.read_timeout_s = app, limit, read_timeout_s
+
+def _host_name(value: str) -> str:
+    """The host part of a ``Host`` header or an origin's authority (no port, no brackets).
+
+    >>> _host_name("127.0.0.1:7660"), _host_name("[::1]:80"), _host_name("localhost")
+    ('127.0.0.1', '::1', 'localhost')
+    """
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    return value.rpartition(":")[0] if value.count(":") == 1 else value
+
+
+def refuse_head(scope, headers, settings: "ServerSettings") -> tuple[int, str] | None:
+    """Why a request is refused from its head alone (status, sentence), or ``None``: run before a
+    byte of its body is read, on every endpoint. ``/health`` is open. With a token, everything else
+    needs it. Without one (a loopback server: any local process may call it), a request must
+    name a loopback ``Host`` and ``Origin`` (if any), and a ``POST`` must say ``application/json``:
+    a web page can send neither without the browser first asking the server's permission, which
+    it never gives (no CORS), so it can neither fire requests blind nor read answers through DNS
+    rebinding."""
+    if scope["path"] == "/health" and scope["method"] in ("GET", "HEAD"):
+        return None
+    if settings.token:
+        got = headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode("latin-1", "replace"), f"Bearer {settings.token}".encode()):
+            return 401, "missing or wrong bearer token"
+        return None
+    host = headers.get("host")
+    if host is not None and not is_loopback(_host_name(host)):
+        return 403, (f"Host {host[:80]!r} is not a loopback name: a server without a token answers only "
+                     "requests addressed to this machine (set --token-env to serve other names)")
+    origin = headers.get("origin")
+    if origin is not None:
+        scheme, _, authority = origin.partition("://")
+        if scheme not in ("http", "https") or not is_loopback(_host_name(authority)):
+            return 403, (f"Origin {origin[:80]!r} is not this machine: a server without a token answers "
+                         "no web page but its own")
+    if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+        media = headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "application/json":
+            return 415, f"expected content-type application/json, got {media[:60] or 'none'!r}"
+    return None
+
+
+class RequestGate:
+    """ASGI middleware in front of every endpoint: one request path with one set of checks.
+
+    1. :func:`refuse_head` (token; without one ``Host``, ``Origin`` and content type) before any
+       body byte is read: an unauthenticated ``Expect: 100-continue`` gets its refusal, never
+       ``100 Continue``, and a refused request's connection is closed with its body unread;
+    2. the body: over ``max_body_bytes`` (by ``Content-Length`` or while streaming) 413; a part
+       later than ``read_timeout_s`` after the previous one, or the whole body not in within
+       ``body_timeout_s``, 408;
+    3. the request runs with its whole body in hand; ``POST /call`` goes straight to ``answer``
+       (the server's ``/call``: FastAPI's routing and request objects cost a GRPO group's cached
+       calls as much as uvicorn itself), everything else to ``app`` (FastAPI);
+    4. a client that disconnects while its request waits (for an upload, a slot, a shared
+       computation) ends it: nothing runs for nobody. A computation other requests share goes on.
+    """
+
+    def __init__(self, app, settings: "ServerSettings", answer) -> None:
+        self.app, self.settings, self.answer = app, settings, answer
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _plain(send, 413, f"request body of {int(length)} bytes is over the limit of {self.limit}")
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            try:
-                message = await asyncio.wait_for(receive(), self.read_timeout_s)
-            except asyncio.TimeoutError:
-                raise _Stalled() from None
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _plain(send, 413, f"request body is over the limit of {self.limit} bytes")
-        except _Stalled:
-            await _plain(send, 408, f"the request body stalled for over {self.read_timeout_s:g} s")
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Stalled(Exception):
-    pass
-
-
-async def _plain(send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class FastCall:
-    """ASGI middleware answering ``POST /call`` itself with ``answer(headers, body)`` (the server's
-    ``/call`` handler), bypassing FastAPI's per-request routing, request and response objects and
-    :class:`BodyLimit`'s task per body part: on the 2-core VM they cost as much server CPU as uvicorn
-    itself, and a GRPO group of 8 remote clients pays them 9 times (``benchmarks/bench_group.py``
-    compares a served call with a bare uvicorn app). Same limits and answers: bodies over ``limit`` get 413, a body part later than
-    ``read_timeout_s`` 408, and an ``HTTPException`` its ``{"detail": ...}``. Everything else goes
-    on to ``app``; an unexpected error propagates to Starlette's error middleware (a 500)."""
-
-    def __init__(self, app, answer, limit: int, read_timeout_s: float | None = None) -> None:
-        self.app, self.answer, self.limit, self.read_timeout_s = app, answer, limit, read_timeout_s
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/call" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         from fastapi import HTTPException
         from starlette.datastructures import Headers
 
         headers = Headers(scope=scope)
+        refusal = refuse_head(scope, headers, self.settings)
+        if refusal is not None:
+            return await _plain(send, *refusal, close=True)
+        if scope["method"] in ("GET", "HEAD"):  # no body is read
+            return await self.app(scope, receive, send)
+        raw = await self._body(headers, receive, send)
+        if raw is None:  # refused (answered) or the client went away
+            return
+        gone = asyncio.Event()
+        finished = False
+        me = asyncio.current_task()
+        cancelled_by_us = False
+
+        async def watch():  # the real receive now says only one thing: the client has gone
+            nonlocal cancelled_by_us
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+            if not finished:
+                cancelled_by_us = True
+                me.cancel()
+
+        async def sent(message):
+            nonlocal finished
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
+            await send(message)
+
+        given = False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            if scope["path"] == "/call" and scope["method"] == "POST":
+                try:
+                    status, content, media_type = await self.answer(headers, raw)
+                except HTTPException as e:  # the same {"detail": ...} as the app's handler, never echoing the token
+                    return await _plain(sent, e.status_code, e.detail)
+                await sent({"type": "http.response.start", "status": status,
+                            "headers": [(b"content-type", media_type.encode("latin-1")),
+                                        (b"content-length", str(len(content)).encode())]})
+                await sent({"type": "http.response.body", "body": content})
+            else:
+                await self.app(scope, replay, sent)
+        except asyncio.CancelledError:
+            if not cancelled_by_us:
+                raise
+            if hasattr(me, "uncancel"):
+                me.uncancel()
+        finally:
+            finished = True
+            watcher.cancel()
+
+    async def _body(self, headers, receive, send) -> bytes | None:
+        """The whole body within the limits of the class docstring, or ``None`` once refused."""
+        s = self.settings
         length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _plain(send, 413, f"request body of {int(length)} bytes is over the limit of {self.limit}")
+        if length is not None:
+            if not length.isdigit():
+                return await _plain(send, 400, f"malformed content-length {length[:20]!r}", close=True)
+            if int(length) > s.max_body_bytes:
+                return await _plain(send, 413, f"request body of {int(length)} bytes is over the limit of "
+                                               f"{s.max_body_bytes}", close=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.body_timeout_s
         chunks, seen = [], 0
         while True:
+            left = deadline - loop.time()
             try:
-                message = await _within(receive(), self.read_timeout_s)
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                message = await _within(receive(), min(s.read_timeout_s, left))
             except asyncio.TimeoutError:
-                return await _plain(send, 408, f"the request body stalled for over {self.read_timeout_s:g} s")
+                detail = (f"the request body was not in within {s.body_timeout_s:g} s" if deadline - loop.time() <= 0
+                          else f"the request body stalled for over {s.read_timeout_s:g} s")
+                return await _plain(send, 408, detail, close=True)
             if message["type"] == "http.disconnect":
-                return
+                return None
             chunk = message.get("body", b"")
             seen += len(chunk)
-            if seen > self.limit:
-                return await _plain(send, 413, f"request body is over the limit of {self.limit} bytes")
+            if seen > s.max_body_bytes:
+                return await _plain(send, 413, f"request body is over the limit of {s.max_body_bytes} bytes",
+                                    close=True)
             chunks.append(chunk)
             if not message.get("more_body"):
-                break
-        try:
-            status, content, media_type = await self.answer(headers, b"".join(chunks))
-        except HTTPException as e:  # the same {"detail": ...} as the app's handler, never echoing the token
-            return await _plain(send, e.status_code, e.detail)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", media_type.encode("latin-1")),
-                                (b"content-length", str(len(content)).encode())]})
-        await send({"type": "http.response.body", "body": content})
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _plain(send, status: int, detail: str, close: bool = False) -> None:
+    """A ``{"detail": ...}`` answer; ``close``: the connection closes after it (a body left unread)."""
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _within(awaitable, timeout_s: float | None):
@@ -262,11 +347,19 @@ class ToolService:
     def context(self, raw: Any) -> ToolContext:
         if raw is not None and not isinstance(raw, Mapping):
             raise WireError(f"expected 'context' to be an object, got {type(raw).__name__}")
+        annotations = raw.get("annotations") if raw is not None else None
+        if isinstance(annotations, Mapping):  # before any of them is looked at: a path is a file system call
+            for kind in ("boxes", "masks", "labels"):
+                entries = annotations.get(kind)
+                if isinstance(entries, list) and len(entries) > MAX_ANNOTATIONS:
+                    raise WireError(f"'context' has {len(entries)} annotation {kind}; the limit is {MAX_ANNOTATIONS}")
         try:
             ctx = ToolContext.from_dict(raw)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:  # OverflowError: a 400-digit box
             raise WireError(f"malformed 'context': {e}") from None
         ann = ctx.annotations
+        if not all(math.isfinite(v) for box in ann.boxes for v in box.bbox):
+            raise WireError("malformed 'context': annotation boxes need finite coordinates")
         masks = tuple(m for m in ann.masks if self.settings.image_roots and is_under(image_file(m.path), self.settings.image_roots)
                       and is_regular_file(image_file(m.path)))
         if len(masks) != len(ann.masks):  # never open a client-named file outside the roots, nor a FIFO or device
@@ -321,11 +414,15 @@ class ToolService:
     def encode(self, result: ToolResult, image_format: Any, derived_ok: Any = False,
                parts: list[bytes] | None = None) -> dict[str, Any]:
         fmt = image_format if isinstance(image_format, str) else "png"
-        wire = result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True, parts=parts)
+        written: list[str] = []
+        wire = result_to_wire(result, fmt, self.settings.result_dir, derived_ok=derived_ok is True, parts=parts,
+                              written=written)
         if self.result_dir is not None:
             for entry in wire["images"]:
-                if "path" in entry:
-                    self.result_dir.wrote(entry["path"])
+                if "path" in entry and entry["path"] not in written:
+                    self.result_dir.used(entry["path"])
+            for path in written:  # only what this server created is ever deleted
+                self.result_dir.wrote(path)
         return wire
 
     def run(self, name: str, arguments: Any, images: list, context: ToolContext) -> ToolResult:
@@ -440,22 +537,20 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     waiting = {"n": 0}
     app.state.service = service
     app.state.arrivals = arrivals
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, read_timeout_s=settings.read_timeout_s)
+    # The token (or Host/Origin/content type), body size and body deadlines: RequestGate, added
+    # below, in front of every endpoint, before any body byte is read.
 
-    def authorize(request: Request) -> None:
-        if not settings.token:
-            return
-        got = request.headers.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {settings.token}".encode()):
-            raise HTTPException(401, "missing or wrong bearer token")
+    async def parsed(raw: bytes) -> Any:
+        """A body's JSON (:func:`~tool_backends.limits.parse_request_json`); a big one is parsed off the loop."""
+        try:
+            if len(raw) > 1 << 20:
+                return await run_in_threadpool(parse_request_json, raw)
+            return parse_request_json(raw)
+        except WireError as e:
+            raise HTTPException(400, str(e)) from None
 
     async def body(request: Request) -> Any:
-        try:
-            return await request.json()
-        except (_TooLarge, _Stalled):  # a streamed body over the limit or stalled: BodyLimit answers
-            raise
-        except Exception:
-            raise HTTPException(400, "expected a JSON body") from None
+        return await parsed(await request.body())
 
     async def guarded(fn, *args):
         """Run ``fn`` in a worker thread under the concurrency gate; map wire errors to 4xx."""
@@ -521,7 +616,6 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     @app.get("/tools")
     async def tools(request: Request):
-        authorize(request)
         return {"tools": [s.openai_schema() for s in service.specs.values()]}
 
     def run_one(call: Any, budget: RequestBudget, stored=None) -> ToolResult:
@@ -624,14 +718,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     async def answer_call(headers, raw: bytes) -> tuple[int, bytes, str]:
         """``POST /call``: (status, body, media type) for a request's ``headers`` (Starlette
         ``Headers``) and whole ``raw`` body; refusals raise ``HTTPException``."""
-        if settings.token:
-            got = headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {settings.token}".encode()):
-                raise HTTPException(401, "missing or wrong bearer token")
-        try:
-            payload = json.loads(raw)
-        except Exception:
-            raise HTTPException(400, "expected a JSON body") from None
+        payload = await parsed(raw)  # the token and the body's limits: RequestGate, before the body was read
         check_images(payload)
         if proxy:
             name = payload.get("tool") if isinstance(payload, dict) else None
@@ -680,17 +767,15 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             arrivals.settle(service.store)
 
     @app.post("/call")
-    async def call(request: Request):  # reached only without FastCall in front (it answers POST /call itself)
+    async def call(request: Request):  # for the OpenAPI schema: RequestGate answers POST /call itself
         status, content, media_type = await answer_call(request.headers, await request.body())
         return Response(content=content, status_code=status, media_type=media_type)
 
     app.state.answer_call = answer_call
-    app.add_middleware(FastCall, answer=answer_call, limit=settings.max_body_bytes,
-                       read_timeout_s=settings.read_timeout_s)
+    app.add_middleware(RequestGate, settings=settings, answer=answer_call)
 
     @app.post("/call_batch")
     async def call_batch(request: Request):
-        authorize(request)
         payload = await body(request)
         calls = payload.get("calls") if isinstance(payload, dict) else None
         if not isinstance(calls, list):
@@ -703,7 +788,6 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     @app.post("/get_observation")
     async def get_observation(request: Request):
-        authorize(request)
         payload = await body(request)
         if not isinstance(payload, dict) or not isinstance(payload.get("actions"), list):
             raise HTTPException(400, "expected {'trajectory_ids': [...], 'actions': [...], ...}")
@@ -736,7 +820,8 @@ def connection_limits(app) -> dict[str, Any]:
     """uvicorn options enforcing ``app``'s connection limits (for ``uvicorn.run`` / ``uvicorn.Config``)."""
     service = getattr(getattr(app, "state", None), "service", None)
     settings = service.settings if service is not None else ServerSettings()
-    return {"limit_concurrency": settings.max_connections, "http": read_timeout_protocol(settings.read_timeout_s),
+    return {"limit_concurrency": settings.max_connections,
+            "http": read_timeout_protocol(settings.read_timeout_s, settings.max_connections),
             "timeout_keep_alive": max(1, min(5, int(settings.read_timeout_s)))}
 
 
@@ -749,5 +834,5 @@ def data_url_to_bytes(url: str) -> bytes:
     return base64.b64decode(url.split(",", 1)[1])
 
 
-__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "connection_limits", "is_loopback", "BodyLimit",
+__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "connection_limits", "is_loopback", "RequestGate", "refuse_head",
            "check_settings", "data_url_to_bytes"]

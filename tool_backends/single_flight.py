@@ -128,26 +128,42 @@ class ImageArrivals:
     def __init__(self, timeout_s: float = 2.0) -> None:
         self.timeout_s = float(timeout_s)
         self._claims: dict[str, tuple] = {}  # digest -> (asyncio.Event, claimed at)
-        self.waited = 0
+        self.waited = 0  # requests that waited
+        self.waiting = 0  # requests in wait() now
 
     async def wait(self, digests, store) -> None:
-        """Before running a call whose image refs are ``digests``: wait for those another request claimed."""
+        """Before running a call whose image refs are ``digests``: wait for those another request
+        claimed, all at once and within ``timeout_s`` in all (a request naming one unknown digest
+        thirty times, or thirty of them, waits once). The caller's task is cancelled when its
+        client goes (:class:`tool_backends.server.RequestGate`), which ends the wait."""
         import asyncio
         import time
 
         now = time.monotonic()
-        for digest in digests:
-            if store.get(digest) is not None:
-                continue
-            claim = self._claims.get(digest)
-            if claim is None or now - claim[1] > self.timeout_s:
-                self._claims[digest] = (asyncio.Event(), now)  # this request's client uploads it
-                continue
+        events, until = [], now
+        self.waiting += 1
+        try:
+            for digest in dict.fromkeys(digests):
+                if store.get(digest) is not None:
+                    continue
+                claim = self._claims.get(digest)
+                if claim is None or now - claim[1] > self.timeout_s:
+                    self._claims[digest] = (asyncio.Event(), now)  # this request's client uploads it
+                    continue
+                events.append(claim[0])
+                until = max(until, claim[1] + self.timeout_s)
+            if not events:
+                return
             self.waited += 1
-            try:
-                await asyncio.wait_for(claim[0].wait(), max(0.0, self.timeout_s - (now - claim[1])))
-            except asyncio.TimeoutError:
-                pass
+            waits = [asyncio.ensure_future(e.wait()) for e in events if not e.is_set()]
+            if waits:
+                try:
+                    await asyncio.wait(waits, timeout=max(0.0, min(until, now + self.timeout_s) - now))
+                finally:
+                    for w in waits:
+                        w.cancel()
+        finally:
+            self.waiting -= 1
 
     def settle(self, store) -> None:
         """Wake the waiters of every claimed digest now stored; forget expired claims."""

@@ -91,9 +91,10 @@ class ImageStore:
 
 
 def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | os.PathLike | None = None,
-                 digest: bool = True) -> dict[str, Any]:
+                 digest: bool = True, written: list[str] | None = None) -> dict[str, Any]:
     """One image as a JSON-able entry (see the module docstring); ``digest=False`` leaves out its
-    digest (result images: nobody refers to them later), except that ``path`` files are named by it."""
+    digest (result images: nobody refers to them later), except that ``path`` files are named by it.
+    ``written`` collects the ``path`` files this call created (not those it found there already)."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     if transport == "png":
         buf = io.BytesIO()
@@ -114,6 +115,8 @@ def encode_image(image: Image.Image, transport: str = "png", shared_dir: str | o
             with os.fdopen(fd, "wb") as f:
                 rgb.save(f, format="BMP")
             os.replace(tmp, path)
+            if written is not None:
+                written.append(str(path))
         return {"path": str(path), "digest": image_digest(image)}
     raise ValueError(f"expected a transport in {list(TRANSPORTS)}, got {transport!r}")
 
@@ -221,16 +224,10 @@ def _decode_payload(entry: Mapping[str, Any], roots, max_pixels: int) -> Image.I
                 raise WireError(f"raw image {w}x{h} needs {w * h * 3} bytes, got {len(data)}")
             return Image.frombytes("RGB", (w, h), data)
         if "path" in entry:
-            path = entry["path"]
-            if not isinstance(path, str) or not roots or not is_under(path, roots):
-                raise PermissionError(f"image path {path!r} is not under this server's image roots")
-            if not os.path.isfile(path):  # a folder, FIFO or device under a root: never open it
-                raise WireError(f"image path {path!r} is not a regular file")
-            try:
-                with open(path, "rb") as f:
-                    return decode_image(f.read(), "image", max_pixels)
-            except OSError as e:
-                raise WireError(f"cannot read image path {path!r}: {e.strerror or e}") from None
+            from tool_backends.limits import read_under_roots
+
+            return decode_image(read_under_roots(entry["path"], roots, 4 * max_pixels + (1 << 20)), "image",
+                                max_pixels)
     except DatasetError as e:
         raise WireError(str(e)) from None
     raise WireError(f"expected an image entry with 'png', 'raw', 'path' or 'ref', got keys {sorted(entry)}")
@@ -344,7 +341,8 @@ results): no base64 and no JSON string of the pixels, ~6 ms less CPU for a 0.6 M
 
 
 def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str | None = None,
-                   derived_ok: bool = False, parts: list[bytes] | None = None) -> dict[str, Any]:
+                   derived_ok: bool = False, parts: list[bytes] | None = None,
+                   written: list[str] | None = None) -> dict[str, Any]:
     """A result as JSON; images as ``png``, ``raw``, ``path`` (written under ``result_dir``, for a
     co-located client; without a ``result_dir`` that falls back to ``raw``) or, when the client
     accepts them, ``derived`` recipes. With ``parts`` (a response in :data:`FRAMES`), ``raw``
@@ -365,7 +363,7 @@ def result_to_wire(result: ToolResult, transport: str = "png", result_dir: str |
             parts.append(data)
             images.append({"bytes_at": [offset, len(data)], "size": list(im.size)})
             continue
-        entry = encode_image(im, transport, result_dir, digest=False)
+        entry = encode_image(im, transport, result_dir, digest=False, written=written)
         entry.pop("digest", None)
         images.append(entry)
     return {"text": result.text, "error": result.error, "data": result.data, "images": images}

@@ -65,7 +65,7 @@ def test_a_lying_content_length_does_not_get_past_the_limit(tool_server):
     import socket
 
     body = b"{" + b" " * (6 * MiB) + b"}"
-    head = (f"POST /call HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (f"POST /call HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: 10\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", tool_server.port), timeout=30) as s:
         s.sendall(head + body[:10])

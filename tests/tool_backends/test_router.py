@@ -76,3 +76,56 @@ def test_serve_without_tools_serves_every_tool(start_server):
     server = start_server(["serve", "--engine", "classify=oracle"])
     served = httpx.get(server.url + "/tools", timeout=10).json()["tools"]
     assert sorted(t["function"]["name"] for t in served) == available_tools()
+
+
+def test_a_tool_named_twice_is_refused_with_exit_2(capsys):
+    """``--upstream segment=A,segment=B`` used to keep only B, silently (issue 47)."""
+    from tool_backends.cli import main
+
+    with pytest.raises(ConfigError, match="names tool 'segment' twice"):
+        parse_upstreams("segment=http://127.0.0.1:1,segment=http://127.0.0.1:2")
+    assert main(["router", "--upstream", "segment=http://127.0.0.1:1,segment=http://127.0.0.1:2"]) == 2
+    assert "names tool 'segment' twice" in capsys.readouterr().err
+
+
+def test_an_upstream_going_down_and_coming_back_is_logged_once_each(caplog):
+    """Issue 41: one log line when an upstream stops answering, one when it is back."""
+    import logging
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    import uvicorn
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_server_sharing import Served, SlowEcho
+
+    from tool_backends.router import create_router_app
+    from tool_backends.server import ServerSettings, create_app
+
+    upstream = Served(create_app({"echo": SlowEcho(0.0)}, ServerSettings()))
+    router = Served(create_router_app({"echo": upstream.url}, timeout_s=2.0, retries=0))
+    call = {"tool": "echo", "images": []}
+    caplog.set_level(logging.WARNING, logger="tool_backends.router")
+    again = None
+    try:
+        assert httpx.post(router.url + "/call", json=call, timeout=10).status_code == 200
+        upstream.close()
+        assert [httpx.post(router.url + "/call", json=call, timeout=10).status_code for _ in range(3)] == [502] * 3
+        assert httpx.get(router.url + "/health", timeout=10).status_code == 503
+        down = [r.getMessage() for r in caplog.records if "is down" in r.getMessage()]
+        assert len(down) == 1 and upstream.url in down[0]
+        app = create_app({"echo": SlowEcho(0.0)}, ServerSettings())  # back, on the same port
+        again = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=upstream.port, log_level="warning"))
+        threading.Thread(target=again.run, daemon=True).start()
+        deadline = time.monotonic() + 20
+        while not again.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [httpx.post(router.url + "/call", json=call, timeout=10).status_code for _ in range(2)] == [200] * 2
+        back = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
+        assert len(back) == 1 and upstream.url in back[0]
+    finally:
+        router.close()
+        if again is not None:
+            again.should_exit = True

@@ -101,7 +101,7 @@ def test_disk_cache_is_shared_across_toolboxes(scene, tmp_path):
         box = Toolbox.local([tool], cache=DiskToolCache(tmp_path / "cache"))
         texts.append(box.call(call, [scene.image.copy()], ToolContext(record_id="r1")).result.text)
     assert [t.runs for t in tools] == [1, 0] and texts[0] == texts[1]
-    (next((tmp_path / "cache").glob("*.pkl"))).write_bytes(b"garbage")
+    (next((tmp_path / "cache").glob("*.npz"))).write_bytes(b"garbage")
     assert DiskToolCache(tmp_path / "cache").get("anything") is None
 
 

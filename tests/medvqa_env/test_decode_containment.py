@@ -220,3 +220,31 @@ def test_12_bit_jpeg_extended_is_a_documented_decode_error():
         load_image(path, "r")
     docs = (REPO / "docs" / "datasets.md").read_text()
     assert "12-bit JPEG Extended" in docs
+
+
+@pytest.mark.slow
+def test_a_benchmark_with_a_corrupt_baseline_dicom_loses_no_valid_episode(tmp_path, baseline_files):
+    """``eval.run --workers 2`` on a dataset holding the corrupt file: the process ends, every valid
+    episode is scored, and the one bad episode's error names its file and transfer syntax (one bad
+    file used to abort a worker and cost the episodes beside it as ``worker_crash``)."""
+    good, bad = baseline_files
+    rows = [{"id": f"ok{i}", "image": good.name, "question": "Is there a lesion?", "answer": "yes",
+             "answer_type": "CLOSED"} for i in range(6)]
+    rows.insert(3, {"id": "broken", "image": bad.name, "question": "Is there a lesion?", "answer": "no",
+                    "answer_type": "CLOSED"})
+    manifest = good.parent / "qa.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    child = subprocess.run(
+        [sys.executable, "-m", "eval.run", "--agent", "oracle", "--dataset", str(manifest), "--split", "all",
+         "--workers", "2", "--tools", "none", "--no-progress", "--bootstrap", "0", "--no-open-metrics",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert child.returncode in (0, 1), (child.returncode, child.stderr[-1500:])  # 1: the failure rate, said
+    episodes = {e["record_id"]: e for e in map(json.loads, (out / "episodes.jsonl").read_text().splitlines())}
+    assert {rid for rid, e in episodes.items() if e["correct"]} == {f"ok{i}" for i in range(6)}
+    broken = episodes["broken"]
+    assert broken["error"] and "worker_crash" not in json.dumps(broken["error"])
+    reason = json.dumps(broken["error"], ensure_ascii=False)
+    assert "bad_baseline.dcm" in reason and "JPEG Baseline (Process 1)" in reason
+    assert "terminate called" not in child.stderr

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,16 +30,18 @@ def subprocess_env(**extra: str) -> dict:
 class Served:
     """A server subprocess (``python -m MODULE ...``) on a loopback port; :meth:`wait` until it accepts."""
 
-    def __init__(self, args: list[str], port: int, env: dict | None = None) -> None:
+    def __init__(self, args: list[str], port: int, env: dict | None = None, python: str | None = None) -> None:
         self.port = port
-        self.proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env or subprocess_env(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the server
+        self.proc = subprocess.Popen([python or sys.executable, *args], cwd=REPO, env=env or subprocess_env(),
+                                     stdout=self.log, stderr=subprocess.STDOUT, text=True)
 
     def wait(self, timeout_s: float = 60.0) -> "Served":
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.proc.stdout.read()[-3000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log.read()[-3000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return self
@@ -55,3 +58,4 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self.log.close()

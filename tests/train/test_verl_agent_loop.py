@@ -143,6 +143,8 @@ def test_tool_call_then_answer(stack):
     assert summary["num_tool_calls"] == 1 and summary["tool_names"] == ["image_zoom_in"]
     assert summary["reward_components"]["accuracy"] == 1.0
     assert out.extra_fields["reward_extra_info"]["acc"] == 1.0
+    assert out.extra_fields["reward_extra_info"]["called"] == 1.0  # the mode signals (issue 42)
+    assert out.extra_fields["reward_extra_info"]["invalid_turns"] == 0.0
     assert out.extra_fields["turn_scores"] == [0.0, 1.0]
     assert out.num_turns == 4  # prompt + 2 assistant turns + 1 observation
     assert out.response_logprobs is not None and len(out.response_logprobs) == len(ids)

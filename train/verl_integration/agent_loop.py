@@ -400,6 +400,10 @@ class MedVQAAgentLoop(AgentLoopBase):
             "num_tool_calls": float(n_tool_calls),
             "num_tool_turns": float(env.tool_turns),
             "overlong_penalty": penalty,
+            # which mode the episode is in (issue 42): averaged by verl per step, acc beside called tells
+            # calling from direct answers; an invalid turn neither called a tool nor answered
+            "called": float(n_tool_calls > 0),
+            "invalid_turns": float(sum((t.get("action") or {}).get("kind") == "invalid" for t in env.trace)),
         }
         metrics_obj = AgentLoopMetrics(generate_sequences=metrics.get("generate_sequences", 0.0),
                                        tool_calls=metrics.get("tool_calls", 0.0), num_preempted=preempted)

@@ -870,7 +870,10 @@ def main(args: Args) -> int:
         for name, row in result["rows"].items():
             sd = f" ± {row['sd']:.3f} (sample SD)" if row.get("sd") == row.get("sd") and "sd" in row else ""
             print(f"[protocol] {name:15s} {result['metric']} {row['mean']:.3f}{sd} over {row['seeds']} seed(s)")
-        print(f"[protocol] GRPO beats every baseline: {result['beats_every_baseline']}")
+        grpo = result["rows"]["grpo"]
+        print(f"[protocol] GRPO seeds that took off: {grpo.get('took_off_seeds')} of {grpo['seeds']} (sampled calls on >= "
+              f"{TOOK_OFF_CALL_RATE:.0%} of the last step's rollouts, above the answer baselines' bound)")
+        print(f"[protocol] GRPO beats every baseline: {result['beats_every_baseline']} (units: {result['unit']}s)")
         if result["identity"]["code"]["git_dirty"]:
             print("[protocol] warning: the code has uncommitted changes: this report names no commit that made it",
                   file=sys.stderr)

@@ -52,9 +52,11 @@ def _env(env_kwargs: Mapping[str, Any]):
     return MedVQAEnv(**dict(env_kwargs))
 
 
-def prompt_dataset(env_kwargs: Mapping[str, Any], indices: Sequence[int] | None = None, answer_types: str = ""):
+def prompt_dataset(env_kwargs: Mapping[str, Any], indices: Sequence[int] | None = None, answer_types: str = "",
+                   images: bool = False):
     """A ``datasets.Dataset`` of the env's prompts: ``prompt`` (system + user messages, as the env
-    shows them; images appear as ``[image i]``), ``record_index``, ``answer_type``."""
+    shows them; images appear as ``[image i]``), ``record_index``, ``answer_type``; with ``images``
+    also ``images``, the question's images (TRL puts them in the user turn for a VLM)."""
     from datasets import Dataset
 
     env = _env(env_kwargs)
@@ -64,9 +66,14 @@ def prompt_dataset(env_kwargs: Mapping[str, Any], indices: Sequence[int] | None 
         obs, info = env.reset(seed=0, options={"index": int(i)})
         if wanted and info["answer_type"] not in wanted:
             continue
-        rows.append({"prompt": [{"role": "system", "content": info["system_prompt"]},
-                                {"role": "user", "content": _text(obs["text"])}],
-                     "record_index": int(i), "answer_type": info["answer_type"]})
+        row = {"prompt": [{"role": "system", "content": info["system_prompt"]},
+                          {"role": "user", "content": _text(obs["text"])}],
+               "record_index": int(i), "answer_type": info["answer_type"]}
+        if images:
+            from PIL import Image
+
+            row["images"] = [Image.fromarray(a) for a in obs["images"]]
+        rows.append(row)
     env.close()
     if not rows:
         raise ConfigError(f"expected records of types {sorted(wanted)} in the env's dataset, got none")

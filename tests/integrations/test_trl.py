@@ -1,9 +1,10 @@
 """TRL's own GRPOTrainer with ``environment_factory`` and image-returning tools, end to end on a tiny
-randomly-initialised Qwen2-VL: the policy's tool call runs the env's ``image_zoom_in`` (through
-``train.trl_hook.environment_class(..., images=True)``), the crop comes back as an image block, TRL
-feeds it through the Qwen2-VL processor to the model (asserted on the vision tower's pixel values,
-against the processor applied to ``gym.make``'s own tool image), and the reward is the env's episode
-return (equal to ``gym.make``'s on the same record and turns).
+randomly-initialised Qwen2-VL: the prompt carries the question's image, the policy's tool call runs
+the env's ``image_zoom_in`` (through ``train.trl_hook.environment_class(..., images=True)``), the
+crop comes back as an image block, TRL feeds both through the Qwen2-VL processor to the model
+(asserted on the vision tower's pixel values, against the processor applied to ``gym.make``'s own
+question image and tool image), and the reward is the env's episode return (equal to
+``gym.make``'s on the same record and turns).
 
 The random model cannot choose to call a tool, so its turns are scripted with generation's own
 ``sequence_bias`` (TRL's ``generation_kwargs``): every token is still sampled by ``generate`` inside
@@ -89,7 +90,7 @@ def test_grpo_step_with_image_returning_env_tools_on_a_tiny_qwen2_vl(tmp_path):
             features.register_hook(lambda grad: backward.append(tuple(grad.shape)))
 
     model.model.visual.register_forward_hook(look, with_kwargs=True)
-    data = prompt_dataset(ENV, indices=[INDEX])
+    data = prompt_dataset(ENV, indices=[INDEX], images=True)  # the question's image in the user turn
     reward = EpisodeReward()
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=512, max_steps=1, learning_rate=1e-2, logging_steps=1,
@@ -102,25 +103,33 @@ def test_grpo_step_with_image_returning_env_tools_on_a_tiny_qwen2_vl(tmp_path):
 
     # the same record and turns through gym.make: its tool image and its episode return
     env = gym.make("MedVQA-v0", **ENV)
-    env.reset(seed=0, options={"index": INDEX})
+    first, _ = env.reset(seed=0, options={"index": INDEX})
     call = json.dumps({"name": "image_zoom_in", "arguments": {"bbox": BBOX}})
     obs, r1, *_ = env.step(f"<tool_call>{call}</tool_call>")
     _, r2, terminated, _, info = env.step("\\boxed{no}")
-    assert terminated and len(obs["images"]) == 1
+    assert terminated and len(obs["images"]) == 1 and len(first["images"]) == 1
     crop = Image.fromarray(obs["images"][0])
     want = processor.image_processor(images=[crop], return_tensors="pt")
+    question = processor.image_processor(images=[Image.fromarray(first["images"][0])], return_tensors="pt")
 
     # both rollouts called the tool, got the env's image back, answered; the reward is the env's
     assert reward.calls == [[r1 + r2] * 2], (reward.calls, r1 + r2, info["reward_components"])
     logged = trainer.state.log_history[0]
     assert float(logged["rewards/medvqa_episode/mean"]) == pytest.approx(r1 + r2)
     assert float(logged["tools/call_frequency"]) > 0 and float(logged["tools/failure_frequency"]) == 0
-    # the env's crop, through the processor, is every image the vision tower saw: one per rollout,
-    # after the tool call (generation, no grad) and in the loss forward (grad), which backpropagated
+    # the question's image and then the env's crop, through the processor, are what the vision tower
+    # saw: the question images at the first generation, question + crop after the tool call
+    # (generation, no grad) and in the loss forward (grad), which backpropagated through them
     assert {grad for *_, grad in seen} == {False, True}, [(tuple(p.shape), grad) for p, _, grad in seen]
+    kinds = []
     for pixels, grid, _ in seen:
-        assert len(grid) == 2 and all(torch.equal(g, want["image_grid_thw"][0]) for g in grid)
-        for chunk in torch.split(pixels, [int(g.prod()) for g in grid]):
-            assert torch.equal(chunk, want["pixel_values"]), "a tool image that is not the env's reached the model"
+        for chunk, g in zip(torch.split(pixels, [int(g.prod()) for g in grid]), grid):
+            if chunk.shape == want["pixel_values"].shape and torch.equal(chunk, want["pixel_values"]):
+                kinds.append("crop")
+                assert torch.equal(g, want["image_grid_thw"][0])
+            else:
+                assert torch.equal(chunk, question["pixel_values"]), "an image that is not the env's reached the model"
+                kinds.append("question")
+    assert kinds.count("crop") >= 4 and kinds.count("question") >= 6, kinds  # 2 rollouts x (generate, loss)
     assert backward, "the tool image's features were not in the loss's graph"
     assert np.array_equal(np.asarray(crop), obs["images"][0])

@@ -319,3 +319,44 @@ def test_gym_make_on_vqa_rad_segments_with_litemedsam_by_default(vqa_rad_root):
     assert call["error"] is None and call["data"]["engine"] == "medsam_lite" and not call["data"]["random_weights"]
     assert call["data"]["mask_rle"]["size"] == [h, w]
     env.close()
+
+
+# ---- fine-tuning from the pretrained weights --------------------------------------------------
+@needs_checkpoint
+def test_init_is_a_segment_option_and_an_unknown_start_is_refused():
+    from tool_backends.finetune.common import FinetuneArgs
+    from tool_backends.finetune.manifest import recipe_of
+
+    assert recipe_of("segment", FinetuneArgs(init="medsam_lite"))["init"] == "medsam_lite"
+    assert "init" not in recipe_of("segment", FinetuneArgs())  # a scratch build's identity is as before
+    with pytest.raises(ConfigError, match="choose from \\['scratch', 'medsam_lite'\\]"):
+        recipe_of("segment", FinetuneArgs(init="medsam"))
+    with pytest.raises(ConfigError, match="choose from \\['scratch'\\]"):
+        recipe_of("ground", FinetuneArgs(init="medsam_lite"))
+
+
+@needs_checkpoint
+@pytest.mark.slow
+def test_a_build_from_the_pretrained_litemedsam_loads_by_path_and_as_trained(tmp_path):
+    from tool_backends.engines.medsam_lite_model import from_lite_medsam_state
+    from tool_backends.finetune import finetune
+    from tool_backends.finetune.common import FinetuneArgs
+    from tool_backends.identity import describe_tools
+
+    out = tmp_path / "seg"
+    info = finetune("segment", FinetuneArgs(out=str(out), init="medsam_lite", max_images=2, steps=2, batch_size=4,
+                                            val_split="none", progress=False))
+    assert info["engine"] == "medsam_lite" and info["init_sha256"] == medsam_lite.CHECKPOINT_SHA256
+    assert info["build"]["recipe"]["init"] == "medsam_lite" and info["frozen"] == "image_encoder"
+    state = medsam_lite.load_state(out / "lite_medsam.pth")  # LiteMedSAM's own key names
+    pretrained = medsam_lite.load_state(medsam_lite.resolve_checkpoint()[0])
+    assert set(state) == set(pretrained)
+    assert torch.equal(state["image_encoder.neck.0.weight"], pretrained["image_encoder.neck.0.weight"])  # frozen
+    assert not torch.equal(state["mask_decoder.iou_token.weight"], pretrained["mask_decoder.iou_token.weight"])
+    assert from_lite_medsam_state(state).keys() == from_lite_medsam_state(pretrained).keys()
+    for config in ({"engine": "trained", "path": str(out)}, {"engine": "medsam_lite", "model": str(out)}):
+        tool = build_tool("segment", **config)
+        assert type(tool.engine).__name__ == "MedSamLiteSegmenter"
+        assert tool.engine.checkpoint_sha256 == medsam_lite.file_sha256(out / "lite_medsam.pth")
+    described = describe_tools({"segment": {"engine": "trained", "path": str(out)}})["segment"]
+    assert described["content_hash"] == info["content_hash"]

@@ -72,6 +72,12 @@ def trained_segmenter(path: str | None = None, content_hash: str | None = None, 
 
     folder = trained_tool_folder("segment", path, content_hash, dataset, split, dataset_options, val_options, steps,
                                  seed, device)
+    from tool_backends.finetune.common import read_info
+
+    if (read_info(folder) or {}).get("engine") == "medsam_lite":  # built with --init medsam_lite
+        from tool_backends.engines.medsam_lite import MedSamLiteSegmenter
+
+        return load_once(MedSamLiteSegmenter, {"model": str(folder), "device": device, "mask_threshold": mask_threshold})
     return load_once(SamSegmenter, {"model": str(folder), "device": device, "mask_threshold": mask_threshold})
 
 

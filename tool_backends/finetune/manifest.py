@@ -36,7 +36,8 @@ CODE_FILES = {
     "ground": ("tool_backends/finetune/ground.py", "tool_backends/engines/centernet_model.py",
                "tool_backends/engines/centernet.py"),
     "segment": ("tool_backends/finetune/segment.py", "tool_backends/engines/hf_sam.py",
-                "tool_backends/engines/hf_common.py"),
+                "tool_backends/engines/hf_common.py", "tool_backends/engines/medsam_lite.py",
+                "tool_backends/engines/medsam_lite_model.py"),
     "classify": ("tool_backends/finetune/classify.py", "tool_backends/engines/hf_clip.py",
                  "tool_backends/engines/hf_common.py"),
 }
@@ -132,7 +133,15 @@ def recipe_of(kind: str, args: Any) -> dict[str, Any]:
     steps / lr resolved, and the batch size and image limit."""
     import importlib
 
-    recipe = dict(getattr(importlib.import_module(TRAINER_MODULES[kind]), "RECIPE"))
+    module = importlib.import_module(TRAINER_MODULES[kind])
+    init = str(getattr(args, "init", "scratch"))
+    if init == "scratch":
+        recipe = dict(module.RECIPE)
+    else:  # a pretrained start (segment: medsam_lite) has its own recipe
+        starts = getattr(module, "PRETRAINED_RECIPES", {})
+        if init not in starts:
+            raise ConfigError(f"{kind}: --init {init!r} is not a start it knows; choose from {['scratch', *starts]}")
+        recipe = {**starts[init], "init": init}
     if args.steps is not None:
         recipe["steps"] = int(args.steps)
     if args.lr is not None:

@@ -25,6 +25,9 @@ from tool_backends.finetune.quality import dice
 log = logging.getLogger(__name__)
 
 RECIPE = {"steps": 300, "lr": 2e-3}
+PRETRAINED_RECIPES = {"medsam_lite": {"steps": 40, "lr": 1e-4}}
+"""``--init medsam_lite``: LiteMedSAM's prompt encoder and mask decoder fine-tuned on frozen image
+embeddings (its encoder's forward is most of the cost on a CPU, and each image is embedded once)."""
 PROMPTS_PER_IMAGE = 4
 WIDTH = 64
 BOX_NOISE = 0.1
@@ -153,6 +156,8 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
 
     from medvqa_env.config import parse_options
 
+    if args.init == "medsam_lite":
+        return train_medsam_lite(args, out)
     steps = int(args.steps if args.steps is not None else RECIPE["steps"])
     lr = float(args.lr if args.lr is not None else RECIPE["lr"])
     images = annotated_images(args.dataset, args.split, parse_options(args.dataset_opt, "--dataset-opt"),
@@ -205,5 +210,128 @@ def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
     processor.save_pretrained(out)
     info = provenance("segment", "sam", args, steps=steps, lr=lr, n_images=len(masks), labels=sorted(counts),
                       label_counts=counts, clock=clock, validation=validation, final_loss=final_loss, prompts="boxes (SAM box noise 10%)")
+    write_info(out, info)
+    return info
+
+
+# ---- from the pretrained LiteMedSAM (``--init medsam_lite``) ------------------------------------
+def lite_examples(net, images) -> tuple[Any, list[list[tuple[str, np.ndarray, tuple[float, ...]]]]]:
+    """Each image's LiteMedSAM embedding (N x 256 x 64 x 64, computed once) and its masks as
+    (label, bool mask in the 256-pixel input frame, box in that frame)."""
+    import torch
+    from PIL import Image
+
+    from medvqa_env.images import load_image
+    from tool_backends.engines.medsam_lite import SIZE, preprocess
+    from tool_backends.masks import load_mask, mask_bbox
+
+    embeddings, masks = [], []
+    for item in images:
+        image = load_image(item.path).convert("RGB")
+        pixels, (nh, nw) = preprocess(image)
+        entries = []
+        for label, path in item.masks:
+            try:
+                m = load_mask(path, image.size)
+            except OSError:
+                continue
+            small = np.asarray(Image.fromarray(m.astype(np.uint8) * 255).resize((nw, nh), Image.Resampling.NEAREST)) > 0
+            frame = np.zeros((SIZE, SIZE), bool)
+            frame[:nh, :nw] = small
+            box = mask_bbox(frame)
+            if box:
+                entries.append((label, frame, tuple(float(v) for v in box)))
+        if entries:
+            with torch.no_grad():
+                embeddings.append(net.embed(torch.from_numpy(pixels)[None])[0])
+            masks.append(entries)
+    if not masks:
+        raise DatasetError("no readable masks to train segment on")
+    return torch.stack(embeddings), masks
+
+
+def lite_validate(net, embeddings, masks) -> dict[str, Any]:
+    """Dice of every validation mask from its exact box (256-pixel frame), per label and overall."""
+    import torch
+
+    per_label: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for emb, entries in zip(embeddings, masks):
+            boxes = torch.tensor([list(box) for _, _, box in entries], dtype=torch.float32)
+            logits, _ = net.decode(emb[None].expand(len(entries), -1, -1, -1), boxes=boxes)
+            for (label, gold, _), pred in zip(entries, (logits[:, 0] > 0).numpy()):
+                per_label.setdefault(label, []).append(dice(pred, gold))
+    scores = [v for vals in per_label.values() for v in vals]
+    return {"mean_dice": round(float(np.mean(scores)), 4) if scores else None, "n_masks": len(scores),
+            "n_images": len(masks),
+            "per_label": {lab: {"dice": round(float(np.mean(v)), 4), "n": len(v)} for lab, v in sorted(per_label.items())}}
+
+
+def train_medsam_lite(args: FinetuneArgs, out: str) -> dict[str, Any]:
+    """Fine-tune the pretrained LiteMedSAM (prompt encoder + mask decoder; the image encoder frozen)
+    on a dataset's masks from jittered boxes; write ``lite_medsam.pth`` (LiteMedSAM's own key names,
+    so its code loads it too) and the manifest. The folder loads with engine ``medsam_lite``
+    (``model=DIR``) and ``trained`` (``path=DIR``)."""
+    import torch
+
+    from medvqa_env.config import parse_options
+    from tool_backends.engines.medsam_lite import CHECKPOINT_FILE, SIZE, build_network
+    from tool_backends.engines.medsam_lite_model import to_lite_medsam_state
+
+    recipe = PRETRAINED_RECIPES["medsam_lite"]
+    steps = int(args.steps if args.steps is not None else recipe["steps"])
+    lr = float(args.lr if args.lr is not None else recipe["lr"])
+    images = annotated_images(args.dataset, args.split, parse_options(args.dataset_opt, "--dataset-opt"),
+                              limit=args.max_images)
+    images = [im for im in images if im.masks]
+    if not images:
+        raise DatasetError(f"{args.dataset!r} split {args.split!r}: no masks to train segment on")
+    images, val_images, val_from = validation_images(args, images)
+    val_images = [im for im in val_images if im.masks]
+    with training_run(args.seed, args.torch_threads) as clock:
+        net, _, start_sha256 = build_network()  # the bundled checkpoint, SHA-256 checked
+        net.to(args.device).eval()  # BatchNorm and the encoder stay as pretrained
+        embeddings, masks = lite_examples(net, images)
+        embeddings = embeddings.to(args.device)
+        trained = [p for name, p in net.named_parameters() if not name.startswith("image_encoder.")]
+        for p in net.image_encoder.parameters():
+            p.requires_grad_(False)
+        counts = label_counts([[label for label, _, _ in entries] for entries in masks])
+        rng = np.random.default_rng(args.seed)
+        opt, sched = one_cycle(trained, lr, steps)
+        log.info("segment (from LiteMedSAM): training on %d images (%d masks) of %s/%s, %d steps", len(masks),
+                 sum(counts.values()), args.dataset, args.split, steps)
+        bar, final_loss = step_bar("segment", steps, args.progress), None
+        for step in range(steps):
+            idx = rng.integers(len(masks), size=max(1, min(args.batch_size // PROMPTS_PER_IMAGE, len(masks))))
+            embs, boxes, gold = [], [], []
+            for i in idx:
+                for k in rng.integers(len(masks[i]), size=PROMPTS_PER_IMAGE):
+                    embs.append(embeddings[i])
+                    boxes.append(jitter(masks[i][k][2], rng, SIZE))
+                    gold.append(masks[i][k][1])
+            logits, _ = net.decode(torch.stack(embs), boxes=torch.tensor(boxes, dtype=torch.float32, device=args.device))
+            target = torch.from_numpy(np.stack(gold).astype(np.float32)).to(args.device)
+            loss = mask_loss(logits[:, 0], target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 5.0)
+            opt.step()
+            sched.step()
+            final_loss = float(loss.detach())
+            show_loss(bar, final_loss)
+        bar.close()
+    net.cpu()
+    if val_images:
+        val_embeddings, val_masks = lite_examples(net, val_images)
+        validation = lite_validate(net, val_embeddings, val_masks)
+    else:
+        validation = {"note": "no validation images"}
+    validation["source"] = val_from
+    torch.save(to_lite_medsam_state(net.state_dict()), f"{out}/{CHECKPOINT_FILE}")
+    info = provenance("segment", "medsam_lite", args, steps=steps, lr=lr, n_images=len(masks), labels=sorted(counts),
+                      label_counts=counts, clock=clock, validation=validation, final_loss=final_loss,
+                      prompts="boxes (SAM box noise 10%)", init="medsam_lite", init_sha256=start_sha256,
+                      frozen="image_encoder")
     write_info(out, info)
     return info

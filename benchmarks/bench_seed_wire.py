@@ -88,7 +88,8 @@ def images(vqa_rad: str | None, n: int):
     out = []
     for i in range(n):
         if files:
-            out.append(Image.open(files[(i * 7) % len(files)]).convert("RGB").resize((256, 256), Image.Resampling.LANCZOS))
+            scan = Image.open(files[(i * 7) % len(files)]).convert("RGB")
+            out.append(scan.resize((256, 256), Image.Resampling.LANCZOS))
         else:
             yy, xx = np.mgrid[:256, :256]
             arr = 128 + 60 * np.sin(xx / (5.0 + i)) * np.cos(yy / 9.0)
@@ -238,7 +239,8 @@ def serve_shared(port: int, serve_args: list[str]) -> None:
         s = service.settings
         shared = ObservationShare(TrajectoryObserver(service, done_if_invalid=s.done_if_invalid,
                                                      max_action_chars=s.max_action_chars))
-        app.add_middleware(_SharedObservations, shared=shared, service=service, gate=asyncio.Semaphore(s.max_concurrency))
+        app.add_middleware(_SharedObservations, shared=shared, service=service,
+                           gate=asyncio.Semaphore(s.max_concurrency))
         return app
 
     server.create_app = create_app

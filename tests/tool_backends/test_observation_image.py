@@ -159,3 +159,20 @@ def test_in_process_call_and_get_observation_give_the_same_image(served):
     head, data = _url_bytes(out["observations"][0]["image"][0])
     assert head == f"data:{local_mime};base64" and data == local_bytes
     assert Image.open(io.BytesIO(data)).convert("RGB").tobytes() == local.tobytes()
+
+
+def test_the_env_shows_the_policy_the_same_pixels_and_renders():
+    from medvqa_env.env import MedVQAEnv
+
+    env = MedVQAEnv("embedded", tools={"image_zoom_in": {"observation_image": JPEG_168}}, render_mode="rgb_array")
+    env.reset(seed=0)
+    w, h = env.images[0].size
+    turn = ('<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [%d, %d, %d, %d]}}</tool_call>'
+            % (w // 8, h // 8, w // 2, h // 2))
+    obs, _, _, _, info = env.step(turn)
+    assert info["tool_calls"][0]["error"] is None and len(obs["images"]) == 1
+    shown = obs["images"][0]
+    _, data = _url_bytes(oi.data_url(env.images[-1]))
+    assert max(shown.shape[:2]) == 168 and (np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) == shown).all()
+    assert env.render().ndim == 3
+    env.close()

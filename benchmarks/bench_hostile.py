@@ -14,9 +14,16 @@ scaled down to 4 M so the run fits a shared 2-core box; every per-request limit 
   idle server.
 
 ``--before DIR`` measures the same on a server run from another checkout (the commit before the
-limits), recorded as ``before.*`` figures. ::
+limits), recorded as ``before.*`` figures.
 
-    python benchmarks/bench_hostile.py [--quick] [--before /path/to/checkout/before/the/limits]
+``--attacks`` measures issue 40's attacks on the request path instead (results ``hostile_attacks``):
+body bytes read before an unauthenticated ``/call`` gets its 401 and what an unauthenticated
+``Expect: 100-continue`` gets; ``/health`` p99 while 255 requests wait on refs (lock-out), while
+255 bodies drip, and while a 1.2 M-ref body is posted; the client's wall time for a ``timeout_s=3``
+call against a dripping server. ``--cost``: the server's and the client's CPU per cached ``/call``.
+``--before`` runs each on the other checkout's server and client. ::
+
+    python benchmarks/bench_hostile.py [--quick] [--attacks | --cost] [--before /path/to/checkout/before/the/limits]
 """
 
 from __future__ import annotations
@@ -235,6 +242,292 @@ def _recorded_before(results: Path) -> dict:
     return {k: v for k, v in recorded.items() if k.startswith("before.")}
 
 
+# ---- issue 40: the attacks on the request path -------------------------------------------------
+ATTACK_ARGS = ["--tools", "image_zoom_in"]  # default limits otherwise: the issue's "at default settings"
+TOKEN_ENV = "MEDVQA_BENCH_HOSTILE_TOKEN"
+N_CONNECTIONS = 255
+"""Connections a lock-out or drip attack holds (the default --max-connections is 256)."""
+
+
+def _head(path: str, length: int, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n{extra}\r\n").encode()
+
+
+def _health_during(url: str, seconds: float) -> dict:
+    """``/health`` sampled every 20 ms for ``seconds``: p99 and slowest latency (ms), non-200 count."""
+    import httpx
+
+    lat, bad = [], 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        try:
+            if httpx.get(url + "/health", timeout=30).status_code != 200:
+                bad += 1
+        except httpx.HTTPError:
+            bad += 1
+        lat.append(time.perf_counter() - start)
+        time.sleep(0.02)
+    lat.sort()
+    return {"p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1000, "max_ms": lat[-1] * 1000, "not_200": bad,
+            "samples": len(lat)}
+
+
+def bytes_before_401(port: int, path: str = "/call", claimed: int = 16 << 20) -> tuple[int, str]:
+    """Body bytes the server let in before answering an unauthenticated request; and the first
+    status line an unauthenticated ``Expect: 100-continue`` gets."""
+    import select
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(_head(path, claimed))
+        sent, piece = 0, b" " * 65536
+        while sent < claimed:
+            if select.select([s], [], [], 0.3 if sent == 0 else 0)[0]:
+                break
+            try:
+                s.sendall(piece)
+            except OSError:
+                break
+            sent += len(piece)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(_head(path, claimed, "Expect: 100-continue\r\n"))
+        first = s.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+    return sent, first
+
+
+def _hold(port: int, n: int, request: bytes, drip: bool, seconds: float, url: str) -> dict:
+    """``n`` connections sending ``request`` (its last byte, then one byte a second, when ``drip``),
+    with ``/health`` sampled meanwhile."""
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(request[:-1] if drip else request)
+            socks.append(s)
+        stop = threading.Event()
+
+        def dripper():
+            while not stop.wait(1.0):
+                for s in socks:
+                    try:
+                        s.send(b" ")
+                    except OSError:
+                        pass
+
+        if drip:
+            threading.Thread(target=dripper, daemon=True).start()
+        time.sleep(0.3)
+        out = _health_during(url, seconds)
+        stop.set()
+        return out
+    finally:
+        for s in socks:
+            s.close()
+
+
+def client_worst_call_s(code: Path, timeout_s: float = 3.0) -> float:
+    """The wall time of one ``HTTPToolBackend.call`` (``timeout_s``, no retries) against a server
+    that drips its body one byte every 0.5 s, with the client of the checkout at ``code``."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    tools = json.dumps({"tools": [{"type": "function", "function": {"name": "echo", "parameters": {}}}]}).encode()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    def one(conn):
+        with conn:
+            try:
+                data = conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n")
+                for _ in range(120):  # a minute of drip at most
+                    time.sleep(0.5)
+                    conn.sendall(b" ")
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    probe = ("import time\nfrom PIL import Image\nfrom tool_backends.base import ToolContext\n"
+             "from tool_backends.http_client import HTTPToolBackend\n"
+             f"b = HTTPToolBackend(url='http://127.0.0.1:{port}', timeout_s={timeout_s}, retries=0)\n"
+             "t = time.monotonic()\ntry:\n    b.call('echo', [Image.new('RGB', (4, 4))], {}, ToolContext())\n"
+             "except Exception as e:\n    pass\nprint(time.monotonic() - t)\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
+                             capture_output=True, text=True, timeout=120)
+        return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else float("nan")
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        return 120.0
+    finally:
+        srv.close()
+
+
+def measure_attacks(make, code: Path, seconds: float) -> dict:
+    """Attacks 2, 3, 4, 5 and 9 of issue 40 on servers from ``make(args, env)``."""
+    import httpx
+
+    out = {}
+    with make(ATTACK_ARGS + ["--token-env", TOKEN_ENV], {TOKEN_ENV: "bench-token"}) as server:
+        out["bytes_before_401"], out["expect_100_answer"] = bytes_before_401(server.port)
+    with make(ATTACK_ARGS, {}) as server:
+        out["health_idle"] = _health_during(server.url, min(seconds, 2.0))
+        digest = "ab" * 16
+        httpx.post(server.url + "/call", json={"tool": "image_zoom_in", "images": [{"ref": digest}]}, timeout=30)
+        body = json.dumps({"tool": "image_zoom_in", "arguments": {}, "images": [{"ref": digest}] * 30}).encode()
+        out["lockout"] = _hold(server.port, N_CONNECTIONS, _head("/call", len(body)) + body, False, seconds, server.url)
+    with make(ATTACK_ARGS, {}) as server:
+        out["drip"] = _hold(server.port, N_CONNECTIONS, _head("/call", 1000) + b"{", True, seconds, server.url)
+    with make(ATTACK_ARGS, {}) as server:
+        flood = json.dumps({"tool": "image_zoom_in", "images": [{"ref": f"{i:x}"} for i in range(1_200_000)]}).encode()
+        result = {}
+
+        def send():
+            start = time.perf_counter()
+            try:
+                r = httpx.post(server.url + "/call", content=flood, headers={"content-type": "application/json"},
+                               timeout=120)
+                result["status"] = r.status_code
+            except httpx.HTTPError as e:
+                result["status"] = type(e).__name__
+            result["s"] = time.perf_counter() - start
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        out["ref_flood_health"] = _health_during(server.url, seconds)
+        thread.join(130)
+        out["ref_flood_status"], out["ref_flood_s"] = result.get("status"), result.get("s")
+    out["client_worst_call_s"] = client_worst_call_s(code)
+    return out
+
+
+def attacks_main(args, results) -> int:
+    seconds = 3.0 if args.quick else 8.0
+
+    def now(extra, env):
+        return ServerProcess("serve", extra, env=env)
+
+    runs = {"": measure_attacks(now, REPO, seconds)}
+    if args.before:
+        runs["before."] = measure_attacks(lambda extra, env: CheckoutServer(args.before, "serve", extra, env=env),
+                                          Path(args.before), seconds)
+    label = args.before_label or (_commit(Path(args.before)) if args.before else None)
+    rows = [("Unauthenticated `/call`: body bytes read before the 401 (16 MiB offered)", "bytes_before_401", "{:.0f}"),
+            ("Unauthenticated `Expect: 100-continue`: first answer", "expect_100_answer", "{}"),
+            (f"`/health` p99 (ms), {N_CONNECTIONS} requests each waiting on 30 refs (lock-out)", "lockout.p99_ms", "{:.1f}"),
+            ("  ... `/health` answers that were not 200", "lockout.not_200", "{:.0f}"),
+            (f"`/health` p99 (ms), {N_CONNECTIONS} bodies dripping 1 byte/s", "drip.p99_ms", "{:.1f}"),
+            ("  ... `/health` answers that were not 200", "drip.not_200", "{:.0f}"),
+            ("`/health` p99 (ms) while a 1.2 M-ref body is posted", "ref_flood_health.p99_ms", "{:.1f}"),
+            ("  ... that request's answer", "ref_flood_status", "{}"),
+            ("  ... and its time (s)", "ref_flood_s", "{:.2f}"),
+            ("Client call with `timeout_s=3` against a 2 byte/s drip (s)", "client_worst_call_s", "{:.1f}"),
+            ("`/health` p99 (ms), idle server", "health_idle.p99_ms", "{:.1f}")]
+
+    def get(run, key):
+        value = run
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    lines = ["## Issue 40: the request path under attack", "",
+             f"`medvqa-tools serve {' '.join(ATTACK_ARGS)}` at default limits; `/health` sampled every 20 ms for "
+             f"{seconds:g} s during each attack" + (f"; \"before\" is `{label}`" if args.before else "") + ".", "",
+             "| Attack | Now |" + (" Before |" if args.before else ""), "|---|---|" + ("---|" if args.before else "")]
+    figures = {}
+    for text, key, fmt in rows:
+        cells = []
+        for prefix, run in runs.items():
+            value = get(run, key)
+            cells.append("n/a" if value is None else fmt.format(value))
+            figures[f"{prefix}attacks.{key}".replace("..", ".")] = value
+        lines.append(f"| {text} | " + " | ".join(cells) + " |")
+    lines.append("")
+    command = "python benchmarks/bench_hostile.py --attacks" + (" --before <checkout before issue 40>" if args.before else "")
+    record("hostile_attacks", "\n".join(lines), figures, command, results)
+    return 0
+
+
+COST_PROBE = """
+import json, sys, time
+from tool_backends.http_client import ConnectionPool
+url, n, body = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+pool = ConnectionPool(url, 1, 5)
+headers = {"content-type": "application/json", "accept": "application/json"}
+assert pool.request("POST", "/call", body, headers, 30).status_code == 200
+start = time.process_time()
+for _ in range(n):
+    pool.request("POST", "/call", body, headers, 30)
+print((time.process_time() - start) / n)
+"""
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def request_cost(make, code: Path, n: int) -> dict:
+    """Per cached ``/call`` (the rest of a GRPO group: its image and result held by the server):
+    the server's CPU, and the client's CPU with the connection of the checkout at ``code``."""
+    import httpx
+
+    from tool_backends.wire import encode_image
+
+    image = Image.radial_gradient("L").resize((128, 128)).convert("RGB")
+    entry = encode_image(image, "raw")
+    call = {"tool": "image_zoom_in", "arguments": {"bbox": [0, 0, 64, 64]}, "image_format": "raw", "derived_ok": True}
+    with make(ATTACK_ARGS, {}) as server:
+        assert httpx.post(server.url + "/call", json={**call, "images": [entry]}, timeout=30).status_code == 200
+        body = json.dumps({**call, "images": [{"ref": entry["digest"]}]})
+        before = _cpu_s(server.pid)
+        out = subprocess.run([sys.executable, "-c", COST_PROBE, server.url, str(n), body], cwd=code,
+                             env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True, timeout=600)
+        server_s = (_cpu_s(server.pid) - before) / (n + 1)
+    return {"server_us": server_s * 1e6, "client_us": float(out.stdout.strip().splitlines()[-1]) * 1e6}
+
+
+def cost_main(args, results) -> int:
+    n = 300 if args.quick else 2000
+    runs = {"": request_cost(lambda extra, env: ServerProcess("serve", extra, env=env), REPO, n)}
+    if args.before:
+        runs["before."] = request_cost(lambda extra, env: CheckoutServer(args.before, "serve", extra, env=env),
+                                       Path(args.before), n)
+    label = args.before_label or (_commit(Path(args.before)) if args.before else None)
+    now, before = runs[""], runs.get("before.")
+    lines = ["## Issue 40: what the checks cost a cached call", "",
+             f"{n} cached `/call`s by ref (`image_zoom_in`, the rest of a GRPO group) on one keep-alive connection, "
+             "each server and client from its own checkout" + (f" (before: `{label}`)" if label else "") + ".", "",
+             "| CPU per request (us) | Now |" + (" Before | Now / before |" if before else ""),
+             "|---|---|" + ("---|---|" if before else "")]
+    figures = {}
+    for key, text in (("server_us", "server (RequestGate, JSON bounds, disconnect watch)"),
+                      ("client_us", "client (`Connection` on h11 vs the hand-written one)")):
+        row = f"| {text} | {now[key]:.0f} |"
+        figures[f"cost.{key}"] = now[key]
+        if before:
+            row += f" {before[key]:.0f} | {now[key] / before[key]:.2f} |"
+            figures[f"before.cost.{key}"] = before[key]
+            figures[f"cost.{key}_ratio"] = now[key] / before[key]
+        lines.append(row)
+    lines.append("")
+    command = "python benchmarks/bench_hostile.py --cost" + (" --before <checkout before issue 40>" if args.before else "")
+    record("hostile_cost", "\n".join(lines), figures, command, results)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter liveness phases; results not recorded")
@@ -243,7 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-label", default=None,
                         help="what --before is, for the report (default: its git commit)")
     parser.add_argument("--results", default=None, help="directory for the results (default benchmarks/results)")
+    parser.add_argument("--attacks", action="store_true",
+                        help="measure issue 40's attacks on the request path instead (results: hostile_attacks)")
+    parser.add_argument("--cost", action="store_true",
+                        help="measure what issue 40's checks cost a cached call instead (results: hostile_cost)")
     args = parser.parse_args(argv)
+    if args.cost:
+        return cost_main(args, results_dir_arg(args.quick, args.results))
+    if args.attacks:
+        return attacks_main(args, results_dir_arg(args.quick, args.results))
     seconds = 2.0 if args.quick else 6.0
     runs = {"": measure(lambda: ServerProcess("serve", SERVER_ARGS), seconds)}
     if args.before:

@@ -360,3 +360,19 @@ def test_a_build_from_the_pretrained_litemedsam_loads_by_path_and_as_trained(tmp
         assert tool.engine.checkpoint_sha256 == medsam_lite.file_sha256(out / "lite_medsam.pth")
     described = describe_tools({"segment": {"engine": "trained", "path": str(out)}})["segment"]
     assert described["content_hash"] == info["content_hash"]
+
+
+@needs_checkpoint
+@pytest.mark.slow
+@pytest.mark.data
+def test_the_real_data_episode_example_runs(vqa_rad_root, tmp_path, capsys):
+    import importlib.util
+
+    path = medsam_lite.Path(__file__).resolve().parents[2] / "examples" / "real_data_episode.py"
+    spec = importlib.util.spec_from_file_location("real_data_episode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--root", str(vqa_rad_root), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "segment engine: medsam_lite" in out and "[segment] Segmented the box" in out
+    assert (tmp_path / "real_episode.png").stat().st_size > 10_000

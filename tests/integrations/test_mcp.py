@@ -17,7 +17,7 @@ from PIL import Image
 pytest.importorskip("mcp")
 
 import medvqa_env  # noqa: F401,E402  (registers MedVQA-v0)
-from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp import Client, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 from integration_helpers import Served, free_port, subprocess_env  # noqa: E402
 from tool_backends.base import ToolContext  # noqa: E402
@@ -96,7 +96,7 @@ def test_every_tool_over_stdio_matches_the_in_process_tool(episode, local_tools)
                                    cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 
     async def main():
-        async with Client(params) as client:
+        async with Client(stdio_client(params)) as client:  # the SDK's stdio transport (mcp 2.0 and 2.3)
             return await call_every_tool(client, url, context)
 
     listed, results = anyio.run(main)

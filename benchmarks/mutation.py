@@ -40,7 +40,10 @@ PACKAGES = ["medvqa_env", "agents", "tool_backends", "rewards", "train", "eval"]
 # in forked workers, and a mutant reached only through a subprocess would pass unseen)
 TARGETS: dict[str, list[str]] = {
     "rewards/normalize.py": ["tests/rewards/test_rule.py", "tests/rewards/test_mcq_two_options.py",
-                             "tests/rewards/test_normalize_edges.py"],
+                             "tests/rewards/test_normalize_edges.py", "tests/rewards/test_rule_teeth.py",
+                             "tests/rewards/test_closed_vocabularies.py"],
+    "rewards/matching.py": ["tests/rewards/test_rule.py", "tests/rewards/test_rule_teeth.py",
+                            "tests/rewards/test_closed_vocabularies.py"],
     "rewards/rule.py": ["tests/rewards/test_rule.py", "tests/rewards/test_rule_edges.py"],
     "rewards/adaptive.py": ["tests/rewards/test_adaptive.py"],
     "rewards/text_metrics.py": ["tests/rewards/test_text_metrics.py"],

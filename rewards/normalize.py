@@ -85,9 +85,8 @@ _CLAUSE_BREAK = re.compile(r"[\s\W_]+")
 
 def _first_clause(text: str) -> str:
     """The text up to its first punctuation mark or space, normalised: ``"是的，在左肺"`` -> ``"是的"``."""
-    raw = unicodedata.normalize("NFKC", str(text)).strip()
-    head = _CLAUSE_BREAK.split(raw, maxsplit=1)[0] if raw else ""
-    return normalize_text(head) if head else ""
+    head = _CLAUSE_BREAK.split(unicodedata.normalize("NFKC", str(text)).strip(), maxsplit=1)[0]
+    return normalize_text(head)
 
 
 def semantic_text(text: str | None) -> str:

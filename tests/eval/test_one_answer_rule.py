@@ -30,7 +30,7 @@ CASES = [
     ("zh_echo_wrong", "CLOSED", "不存在", [], "是的", False),
     ("zh_sentence", "CLOSED", "是", [], "是的，肝脏有病变。", True),
     ("en_sentence_wrong", "CLOSED", "no", [], "Yes, there is one.", False),
-    ("closed_alt_second", "CLOSED", "no", ["不正常"], "否", True),
+    ("closed_alt_second", "CLOSED", "左侧", ["left"], "Left.", True),      # an either-or gold, its alternative
     ("open_fullwidth", "OPEN", "CT", [], "ＣＴ", True),
     ("mcq_wrong", "MCQ", "B", [], "A", False),
 ]

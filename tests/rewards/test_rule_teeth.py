@@ -52,7 +52,7 @@ def test_closed_folds_yes_and_no_else_compares_the_text(answer, truth, right):
 @pytest.mark.parametrize("answer, truth, right", [
     ("CT", "ct", True), ("ＣＴ", "CT", True), ("肺。", "肺", True), ("left lung", "right lung", False),
     ("yes", "present", True), ("是", "包含", False),   # only CLOSED questions fold the echoes
-    (None, "lung", False), ("the", "lung", False),
+    (None, "lung", False), ("the", "lung", False), ("", "lung", False), ("。", "肺", False),
 ])
 def test_open_is_normalised_exact_match(answer, truth, right):
     assert matches_one(answer, truth, AnswerType.OPEN) is right
@@ -103,6 +103,7 @@ def test_no_word_folds_both_ways():
 @pytest.mark.parametrize("text, want", [
     ("ＣＴ", "ct"), ("Left lung.", "left lung"), ("  left   lung  ", "left lung"), ("肺。", "肺"), ("（左肺）", "左肺"),
     ("left-lower lobe", "left-lower lobe"), ("...", ""), ("", ""), (None, ""), ("a.b", "a.b"), ("!x!", "x"),
+    ("left lung .", "left lung"), ("( CT )", "ct"), ("。 肺", "肺"),
 ])
 def test_semantic_text(text, want):
     assert semantic_text(text) == want

@@ -217,7 +217,7 @@ class ServeArgs:
     """Serve MedVQA-v0 as an OpenEnv environment."""
 
     host: str = "127.0.0.1"
-    """bind address"""
+    """bind address (loopback only: OpenEnv's protocol has no authentication)"""
     port: int = 8000
     """port to listen on"""
     max_concurrent_envs: int = DEFAULT_SESSIONS
@@ -243,6 +243,11 @@ def main(argv=None) -> int:
             raise ConfigError(f"expected --env to be a JSON object, got {args.env!r}: {e}") from None
         if not isinstance(kwargs, dict):
             raise ConfigError(f"expected --env to be a JSON object, got {args.env!r}")
+        from tool_backends.server import is_loopback
+
+        if not is_loopback(args.host):  # OpenEnv has no token; put an authenticating proxy in front instead
+            raise ConfigError(f"refusing to serve OpenEnv sessions on {args.host!r}: OpenEnv's protocol has no "
+                              "authentication; bind 127.0.0.1 (behind an authenticating proxy for remote clients)")
         app = create_server_app(kwargs, args.max_concurrent_envs)
         print(f"medvqa-openenv: MedVQA-v0 on http://{args.host}:{args.port} "
               f"({args.max_concurrent_envs} sessions)", flush=True)

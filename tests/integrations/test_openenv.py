@@ -174,5 +174,14 @@ def test_bad_input_is_a_clear_error_and_the_server_keeps_serving(server):
     assert_same_episode(got, gym_episode(0, 2, [r"\boxed{CT}"]))
 
 
+def test_the_command_refuses_a_non_loopback_bind():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "medvqa_env.openenv_adapter", "--host", "0.0.0.0", "--port", "1"],
+                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "OpenEnv's protocol has no authentication" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

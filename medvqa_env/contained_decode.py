@@ -133,6 +133,7 @@ class ContainedDecoder:
         self._child = subprocess.Popen([sys.executable, "-c", bootstrap], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=self._stderr, close_fds=True)
         self.started += 1
+        self._owner = os.getpid()  # a forked copy of this object must not stop its parent's child
         _CHILDREN.add(self)
         return self._child
 
@@ -210,6 +211,8 @@ def shared_decoder() -> ContainedDecoder:
 @atexit.register
 def _close_children() -> None:
     for decoder in list(_CHILDREN):
+        if getattr(decoder, "_owner", None) != os.getpid():
+            continue
         try:
             decoder.close()
         except Exception:  # noqa: BLE001 -- the interpreter is going down

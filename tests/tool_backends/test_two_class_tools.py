@@ -122,3 +122,18 @@ def test_the_heuristic_agent_says_when_no_label_fits(pneumonia_tool):
     _, _, terminated, _, step_info = env.step(turn)
     assert not terminated and not step_info.get("format_errors"), step_info
     env.close()
+
+
+@pytest.mark.parametrize("labels", [("yes", "no"), ("benign", "malignant")])
+def test_medvqa_tools_build_classify_on_two_class_labels(tmp_path, capsys, labels):
+    """The command the issue ran: ``medvqa-tools build classify`` on a two-class archive (it raised
+    ValueError in distractors())."""
+    from tool_backends.cli import main
+
+    manifest = _two_class_manifest(tmp_path, labels=labels, n=4)
+    out = tmp_path / "clf"
+    code = main(["build", "classify", "--out", str(out), "--dataset", str(manifest), "--split", "train",
+                 "--steps", "1", "--batch_size", "2", "--val_split", "none", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-800:]
+    assert read_info(out)["labels"] == sorted(labels) and "Traceback" not in captured.err

@@ -63,6 +63,8 @@ class ReplicaOptions:
     """Requests Serve sends one replica at once (the replica's own limits then apply)."""
     torch_threads: int | None = None
     """``torch.set_num_threads`` in each replica (Ray sets OMP threads from ``num_cpus``); None: as Ray leaves it."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each replica needs (places it: ``{"gpu_node": 0.01}``, a node's label)."""
 
 
 @dataclass
@@ -82,6 +84,8 @@ class ServeConfig:
     port: int = 8000
     front_replicas: int = 1
     """Replicas of the HTTP front (the router app); in-cluster callers skip it."""
+    proxy_location: str = "HeadOnly"
+    """Where Serve runs HTTP proxies: ``HeadOnly`` (one address) or ``EveryNode`` (one per node, each on ``port``)."""
 
 
 def load_serve_config(config: Mapping[str, Any] | str | Path) -> ServeConfig:
@@ -100,7 +104,7 @@ def load_serve_config(config: Mapping[str, Any] | str | Path) -> ServeConfig:
     >>> load_serve_config({"tools": {"segment": {"ray": {"replica": 2}}}})
     Traceback (most recent call last):
     ...
-    medvqa_env.errors.ConfigError: tool 'segment': Unknown ray option 'replica'. Available: ['batch_wait_timeout_s', 'max_batch_size', 'max_ongoing_requests', 'num_cpus', 'num_gpus', 'replicas', 'torch_threads']. Did you mean 'replicas'?
+    medvqa_env.errors.ConfigError: tool 'segment': Unknown ray option 'replica'. Available: ['batch_wait_timeout_s', 'max_batch_size', 'max_ongoing_requests', 'num_cpus', 'num_gpus', 'replicas', 'resources', 'torch_threads']. Did you mean 'replicas'?
     """
     from tool_backends.config import load_tool_config
 
@@ -159,8 +163,9 @@ def replica_options(tool: str, block: Mapping[str, Any]) -> ReplicaOptions:
 
 def server_settings(config: ServeConfig, tool: str | None = None):
     """The :class:`ServerSettings` a replica enforces (the token read from ``token_env`` in this
-    process). A tool replica runs at least ``max_batch_size`` calls at once (else no batch could fill);
-    the front at least as many as all replicas together."""
+    process). A tool replica runs at least ``max_batch_size`` calls at once (else no batch could fill),
+    and with several replicas does not wait for uploads (``upload_wait_s`` 0: the upload may have gone
+    to another replica); the front runs at least as many calls as all replicas together."""
     from tool_backends.server import ServerSettings, check_settings
 
     names = {f.name for f in fields(ServerSettings)} - {"token"}
@@ -182,6 +187,12 @@ def server_settings(config: ServeConfig, tool: str | None = None):
     settings.token = token
     if tool is not None:
         settings.max_concurrency = max(settings.max_concurrency, config.ray[tool].max_batch_size)
+        settings.max_queue = max(settings.max_queue, config.ray[tool].max_ongoing_requests)  # Serve bounds it first
+        if config.ray[tool].replicas > 1:
+            # a GRPO group's reference-only requests may reach another replica than the one its upload
+            # went to: waiting there for an upload that never comes cost each of them upload_wait_s
+            # (2 s, benchmarks/bench_serve.py); they get their 409 at once and send the image
+            settings.upload_wait_s = 0.0
     else:
         total = sum(o.replicas * max(settings.max_concurrency, o.max_batch_size) for o in config.ray.values())
         settings.max_concurrency = max(settings.max_concurrency, total)

@@ -196,7 +196,8 @@ def build_application(config: ServeConfig):
     for tool, options in config.ray.items():
         handles[tool] = ToolReplica.options(
             name=tool, num_replicas=options.replicas, max_ongoing_requests=options.max_ongoing_requests,
-            ray_actor_options={"num_cpus": options.num_cpus, "num_gpus": options.num_gpus},
+            ray_actor_options={"num_cpus": options.num_cpus, "num_gpus": options.num_gpus,
+                               **({"resources": dict(options.resources)} if options.resources else {})},
             graceful_shutdown_timeout_s=5).bind(tool, state)
     return ToolFront.options(name="front", num_replicas=config.front_replicas, max_ongoing_requests=4096,
                              ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=5).bind(handles, state)
@@ -210,7 +211,7 @@ def deploy(config: ServeConfig, blocking: bool = False):
 
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.start(proxy_location=config.proxy_location, http_options={"host": config.host, "port": config.port})
     return serve.run(build_application(config), name=config.app, route_prefix="/", blocking=blocking)
 
 

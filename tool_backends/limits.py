@@ -294,11 +294,11 @@ def read_timeout_protocol(read_timeout_s: float, limit_concurrency: int | None =
             scope = getattr(self, "scope", None) or {}
             if scope.get("path") == "/health" and scope.get("method") == "GET":
                 return None
-            return limit_concurrency
+            return limit_concurrency if limit_concurrency is not None else getattr(self, "_config_limit", None)
 
         @limit_concurrency.setter
         def limit_concurrency(self, value) -> None:  # uvicorn's __init__ sets it from its config
-            pass
+            self._config_limit = value
 
         def connection_made(self, transport: Any) -> None:
             self._lingering, self._drained = False, 0

@@ -173,19 +173,27 @@ def refuse_head(scope, headers, settings: "ServerSettings") -> tuple[int, str] |
         if scheme not in ("http", "https") or not is_loopback(_host_name(authority)):
             return 403, (f"Origin {origin[:80]!r} is not this machine: a server without a token answers "
                          "no web page but its own")
-    if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
-        media = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media != "application/json":
-            return 415, f"expected content-type application/json, got {media[:60] or 'none'!r}"
+    return None
+
+
+def refuse_media(scope, headers, settings: "ServerSettings") -> tuple[int, str] | None:
+    """Without a token, a body must say it is ``application/json`` (415 otherwise; see
+    :func:`refuse_head`). Checked after the body's declared size, before its first byte."""
+    if settings.token or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        return None
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        return 415, f"expected content-type application/json, got {media[:60] or 'none'!r}"
     return None
 
 
 class RequestGate:
     """ASGI middleware in front of every endpoint: one request path with one set of checks.
 
-    1. :func:`refuse_head` (token; without one ``Host``, ``Origin`` and content type) before any
-       body byte is read: an unauthenticated ``Expect: 100-continue`` gets its refusal, never
-       ``100 Continue``, and a refused request's connection is closed with its body unread;
+    1. :func:`refuse_head` (token; without one ``Host`` and ``Origin``), the declared length and
+       :func:`refuse_media` (without a token, ``application/json``) before any body byte is read:
+       an unauthenticated ``Expect: 100-continue`` gets its refusal, never ``100 Continue``, and a
+       refused request's connection is closed with its body unread;
     2. the body: over ``max_body_bytes`` (by ``Content-Length`` or while streaming) 413; a part
        later than ``read_timeout_s`` after the previous one, or the whole body not in within
        ``body_timeout_s``, 408;
@@ -211,7 +219,7 @@ class RequestGate:
             return await _plain(send, *refusal, close=True)
         if scope["method"] in ("GET", "HEAD"):  # no body is read
             return await self.app(scope, receive, send)
-        raw = await self._body(headers, receive, send)
+        raw = await self._body(scope, headers, receive, send)
         if raw is None:  # refused (answered) or the client went away
             return
         gone = asyncio.Event()
@@ -266,7 +274,7 @@ class RequestGate:
             finished = True
             watcher.cancel()
 
-    async def _body(self, headers, receive, send) -> bytes | None:
+    async def _body(self, scope, headers, receive, send) -> bytes | None:
         """The whole body within the limits of the class docstring, or ``None`` once refused."""
         s = self.settings
         length = headers.get("content-length")
@@ -276,6 +284,9 @@ class RequestGate:
             if int(length) > s.max_body_bytes:
                 return await _plain(send, 413, f"request body of {int(length)} bytes is over the limit of "
                                                f"{s.max_body_bytes}", close=True)
+        refusal = refuse_media(scope, headers, s)
+        if refusal is not None:
+            return await _plain(send, *refusal, close=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.body_timeout_s
         chunks, seen = [], 0
@@ -834,5 +845,6 @@ def data_url_to_bytes(url: str) -> bytes:
     return base64.b64decode(url.split(",", 1)[1])
 
 
-__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "connection_limits", "is_loopback", "RequestGate", "refuse_head",
+__all__ = ["ServerSettings", "ToolService", "create_app", "serve", "connection_limits", "is_loopback", "RequestGate",
+           "refuse_head", "refuse_media",
            "check_settings", "data_url_to_bytes"]

@@ -218,3 +218,50 @@ def test_a_huge_request_head_gets_431_before_it_is_all_sent(open_server):
             sent += 8012
         answer = answer or s.recv(4096)
         assert answer.startswith(b"HTTP/1.1 431") and sent < 1 << 20, (sent, answer[:80])
+
+
+# ---- the hand-written parts of the gate, fuzzed ---------------------------------------------------
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+from tool_backends.limits import parse_request_json  # noqa: E402
+from tool_backends.server import refuse_head  # noqa: E402
+from tool_backends.wire import WireError  # noqa: E402
+
+
+class _Headers(dict):
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+
+LOOPBACK = st.sampled_from(["127.0.0.1", "localhost", "[::1]", "127.5.6.7"])
+PORT = st.one_of(st.just(""), st.integers(0, 99999).map(lambda p: f":{p}"))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(host=st.one_of(st.text(max_size=40), st.builds(str.__add__, LOOPBACK, PORT)),
+       origin=st.one_of(st.none(), st.text(max_size=40), st.builds(lambda h, p: f"http://{h}{p}", LOOPBACK, PORT)))
+def test_the_no_token_head_check_passes_loopback_names_only(host, origin):
+    from tool_backends.server import ServerSettings, is_loopback
+
+    headers = _Headers({"host": host, "content-type": "application/json"})
+    if origin is not None:
+        headers["origin"] = origin
+    refusal = refuse_head({"path": "/call", "method": "POST"}, headers, ServerSettings())
+    bare = host[1:].partition("]")[0] if host.startswith("[") else (host.rpartition(":")[0] if host.count(":") == 1 else host)
+    if refusal is None:
+        assert is_loopback(bare)
+        assert origin is None or origin.startswith(("http://", "https://"))
+    else:
+        assert refusal[0] in (403, 415) and isinstance(refusal[1], str)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(raw=st.one_of(st.binary(max_size=200),
+                     st.recursive(st.one_of(st.none(), st.booleans(), st.floats(), st.integers(), st.text(max_size=5)),
+                                  lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=3), c, max_size=4),
+                                  max_leaves=30).map(lambda v: json.dumps(v).encode())))
+def test_request_json_is_a_value_or_a_wire_error_never_anything_else(raw):
+    try:
+        parse_request_json(raw)
+    except WireError as e:
+        assert str(e)

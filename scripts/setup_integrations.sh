@@ -22,8 +22,9 @@ fi
 pip=("$VENV/bin/python" -m pip)
 "${pip[@]}" install -q --upgrade pip
 # The env, its tools and rewards (CPU torch via constraints.txt), the tool server's web stack, and
-# the frameworks at the versions the adapters were written against (scikit-image: the classical tool engines). TRL's tool-calling GRPO needs
-# jmespath below transformers 5.13 (its legacy response parser), which the main .venv lacks.
+# the frameworks at the versions the adapters were written against (scikit-image: the classical tool engines).
+# TRL (with jmespath, which its tool-calling GRPO needs below transformers 5.13) is here too so that
+# tests/integrations/ runs whole in this venv; CI runs the TRL test in .venv, where the trl extra has it.
 "${pip[@]}" install -q -c constraints.txt -e ".[serve,rewards]" \
   "openenv-core==0.3.0" "verifiers==0.4.0" "trl==1.16.0" jmespath scikit-image pytest pytest-timeout
 "$VENV/bin/python" - <<'PY'

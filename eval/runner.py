@@ -159,6 +159,8 @@ class _Episode:
                         suspect=self.suspect or suspect, restarts=self.restarts + 1)
 
 
+MAX_ANNOUNCED = 10
+"""Failure sources named on stderr as they happen (all of them are named at the end)."""
 MAX_RESTARTS = 3
 """An episode a dead worker took this many times is recorded as ``worker_crash`` whatever the cause."""
 
@@ -314,12 +316,18 @@ class Runner:
         return row
 
     def _announce(self, row: Mapping[str, Any], progress: "_Progress") -> None:
-        """Say on stderr, once per source (a tool at a server, a file), that something failed."""
+        """Say on stderr, once per source (a tool at a server, a file), that something failed; after
+        :data:`MAX_ANNOUNCED` sources one line says the rest are counted and listed at the end."""
         for f in row["failures"]:
             key = (f["kind"], f["tool"], f["server"]) if f["tool"] else (f["kind"], f["reason"][:80])
             if key in self._sources_seen or not is_run_failure(f["kind"]):
                 continue
             self._sources_seen.add(key)
+            if len(self._sources_seen) > MAX_ANNOUNCED:
+                if len(self._sources_seen) == MAX_ANNOUNCED + 1:
+                    progress.note(f"medvqa-eval: more than {MAX_ANNOUNCED} failure sources; the rest are counted "
+                                  "and listed at the end")
+                continue
             progress.note("medvqa-eval: failure: " + describe_source(
                 {**f, "episodes": 1, "first": row["key"], "last": row["key"]}) + " -- counted in the report")
 

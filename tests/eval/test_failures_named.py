@@ -118,7 +118,7 @@ class _InThreadToolServer:
             self.port = sock.getsockname()[1]
         app = create_app({"image_zoom_in": LocalBackend([build_tool("image_zoom_in")])})
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    access_log=False))
+                                                    access_log=False, log_config=None))  # pytest's logging untouched
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20
@@ -149,7 +149,8 @@ def test_a_tool_server_that_dies_mid_run_fails_the_episodes_after_it_by_name(tmp
 
     sys.modules[__name__].KillsTheServer = KillsTheServer  # eval.run loads the agent as module:Class
     out = tmp_path / "run"
-    tools = json.dumps({"image_zoom_in": {"url": server.url, "timeout_s": 2.0, "retries": 0}})
+    # a dead server refuses at once; the long timeout only keeps a loaded machine's healthy calls healthy
+    tools = json.dumps({"image_zoom_in": {"url": server.url, "timeout_s": 30.0, "retries": 0}})
     args = ["--agent", f"{__name__}:KillsTheServer", "--dataset", "embedded", "--limit", "6", "--workers", "0",
             "--batch-size", "1", "--tools", tools, "--out", str(out), "--no-open-metrics", "--bootstrap", "0",
             "--no-progress"]

@@ -101,6 +101,29 @@ def test_the_config_names_what_is_wrong():
         Toolbox.from_config({"segment": {"backend": "ray_serve", "timeout": 3}})
 
 
+def test_the_command_line_and_the_replica_settings():
+    from tool_backends.cli import ServeCommandArgs
+    from tool_backends.ray_serve import config_from_cli, server_settings
+
+    args = ServeCommandArgs(tools="segment,image_zoom_in", engine="segment=classical", ray=True, port=8123,
+                            ray_opt=["segment.replicas=2", "segment.max_batch_size=16"], max_body_mb=2)
+    config = config_from_cli(args, ["segment", "image_zoom_in"])
+    assert config.tools == {"segment": {"engine": "classical"}, "image_zoom_in": {}} and config.port == 8123
+    assert (config.ray["segment"].replicas, config.ray["segment"].max_batch_size) == (2, 16)
+    assert config.ray["image_zoom_in"].replicas == 1
+    segment, zoom, front = (server_settings(config, "segment"), server_settings(config, "image_zoom_in"),
+                            server_settings(config))
+    assert segment.max_body_bytes == zoom.max_body_bytes == front.max_body_bytes == 2 << 20
+    assert segment.max_concurrency == 16 and zoom.max_concurrency == 4   # a batch can fill
+    assert front.max_concurrency >= 2 * 16 + 4
+    # a group's refs may reach another replica than its upload: no waiting there for it
+    assert segment.upload_wait_s == 0 and zoom.upload_wait_s == front.upload_wait_s > 0
+    with pytest.raises(ConfigError, match="--ray-opt"):
+        config_from_cli(ServeCommandArgs(tools="segment", ray=True, ray_opt=["ground.replicas=2"]), ["segment"])
+    with pytest.raises(ConfigError, match="token_env 'NO_SUCH_TOKEN_VAR' is empty"):
+        server_settings(load_serve_config({"tools": {"segment": "classical"}, "token_env": "NO_SUCH_TOKEN_VAR"}))
+
+
 # ---- the same wire, limits and auth ---------------------------------------------------------------
 def test_http_front_speaks_the_plain_server_wire(served, http, scene):
     assert http.get("/health").json()["status"] == "ok"

@@ -22,16 +22,18 @@ BUILD_OPTIONS = ("dataset", "split", "dataset_options", "val_options", "steps", 
 """The ``trained`` engine's options that choose its cached build."""
 
 
-def describe_tools(tools: Any, build: bool = False) -> dict[str, dict[str, Any]]:
+def describe_tools(tools: Any, build: bool = False, dataset: Any = None) -> dict[str, dict[str, Any]]:
     """Per tool of the config ``tools`` (any form :func:`~tool_backends.config.load_tool_config`
     takes): ``{backend, engine, options, path, content_hash, manifest}``. A ``trained`` engine
     without ``path`` is described by its cache folder (``<tool cache>/NAME``); when that is not
-    built yet, ``content_hash`` is ``None`` unless ``build`` builds it now (as the env would)."""
-    from tool_backends.config import load_tool_config
+    built yet, ``content_hash`` is ``None`` unless ``build`` builds it now (as the env would).
+    ``dataset`` (a name or loaded dataset) resolves the engine defaults the env gives it
+    (:func:`~tool_backends.config.for_dataset`: ``segment`` on real images is ``medsam_lite``)."""
+    from tool_backends.config import for_dataset, load_tool_config
     from tool_backends.engines import TOOL_ENGINE_KIND
 
     out: dict[str, dict[str, Any]] = {}
-    for name, entry in load_tool_config(tools).items():
+    for name, entry in load_tool_config(for_dataset(tools, dataset) if dataset is not None else tools).items():
         options = {k: v for k, v in entry.items() if k not in ("backend", "engine")}
         for key in FOLDER_OPTIONS:  # a folder as the record shows it, not this machine's absolute path
             if isinstance(options.get(key), str) and Path(options[key]).expanduser().is_dir():

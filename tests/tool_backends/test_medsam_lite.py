@@ -274,6 +274,9 @@ def test_run_records_name_the_checkpoint_by_hash(tmp_path):
         f.write(b"\0")  # another file: another tool
     other = describe_tools({"segment": {"engine": "medsam_lite", "model": str(tmp_path)}})
     assert other["segment"]["content_hash"] not in (None, medsam_lite.CHECKPOINT_SHA256)
+    on_vqa_rad = describe_tools("image_zoom_in,segment", dataset="vqa_rad")["segment"]  # the env's default there
+    assert on_vqa_rad["engine"] == "medsam_lite" and on_vqa_rad["content_hash"] == medsam_lite.CHECKPOINT_SHA256
+    assert describe_tools("segment", dataset="embedded")["segment"]["content_hash"] is None
     diff = tool_differences({"segment": bundled}, other)
     assert len(diff) == 1 and diff[0].startswith(f"segment: content hash {medsam_lite.CHECKPOINT_SHA256[:12]} -> ")
 

@@ -123,3 +123,16 @@ def test_a_dataset_whose_every_row_was_skipped_names_itself_and_exits_nonzero(tm
     assert f"every row is listed in {out / 'skipped_records.jsonl'}" in err
     skipped = [json.loads(line) for line in (out / "skipped_records.jsonl").read_text().splitlines()]
     assert [s["record_id"] for s in skipped] == ["q00", "q01", "q02"]
+
+
+def test_failures_are_named_as_they_happen_at_most_ten_then_counted(tmp_path, capsys):
+    from eval.run import main
+
+    manifest = write_manifest(tmp_path / "data", n=12)
+    _break_images(manifest, {f"q{i:02d}" for i in range(12)})
+    assert main(["--dataset", str(manifest), "--out", str(tmp_path / "run"), *BASE]) == 1
+    err = capsys.readouterr().err.splitlines()
+    live = [line for line in err if line.startswith("medvqa-eval: failure: dataset_error: file ")]
+    assert len(live) == 10 and "medvqa-eval: more than 10 failure sources; the rest are counted and listed at the end" in err
+    at_end = [line for line in err if line.startswith("medvqa-eval: dataset_error: file ")]
+    assert len(at_end) == 12  # every source named once the run is over

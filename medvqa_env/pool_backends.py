@@ -331,10 +331,11 @@ class ProcessWorkers:
 # Ray actors
 # ==============================================================================================
 def ensure_ray(num_cpus: int | None = None):
-    """Start a local Ray unless one is already up: no dashboard, its node on 127.0.0.1, and Ray's
-    own token auth as Ray sets it for a new local cluster (on, with a token it keeps in
-    ``~/.ray/auth_token``; ``RAY_AUTH_MODE=disabled`` opts out, as the test suite does). With
-    ``RAY_ADDRESS`` set, Ray joins that cluster instead, as it is."""
+    """Start a local Ray unless one is already up: no dashboard, and Ray's own token auth as Ray
+    sets it for a new local cluster (on, with a token it keeps in ``~/.ray/auth_token``;
+    ``RAY_AUTH_MODE=disabled`` opts out, as the test suite does). Ray 2.60 offers no loopback-only
+    bind: its node takes the machine's address (``_node_ip_address="127.0.0.1"`` is turned back into
+    it) and its gRPC ports listen on every interface, so the token is what guards them."""
     import ray
 
     if not ray.is_initialized():
@@ -342,9 +343,8 @@ def ensure_ray(num_cpus: int | None = None):
         for name in ("MEDVQA_CACHE", "RAY_AUTH_MODE"):
             if name in os.environ:
                 env_vars[name] = os.environ[name]
-        local = {} if os.environ.get("RAY_ADDRESS") else {"_node_ip_address": "127.0.0.1"}
         ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": env_vars}, **local)
+                 runtime_env={"env_vars": env_vars})
     return ray
 
 

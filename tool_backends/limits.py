@@ -235,11 +235,12 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def parse_request_json(raw: bytes) -> Any:
+def parse_request_json(raw: bytes, max_containers: int | None = MAX_CONTAINERS) -> Any:
     """A request body's JSON, or a :class:`~tool_backends.wire.WireError` (a 400 with its sentence)
     for anything the server would choke on later: not JSON, over :data:`MAX_CONTAINERS` objects
     and arrays (counted before parsing, so a body of a million tiny objects costs a byte scan),
-    nested over :data:`MAX_DEPTH`, ``NaN``/``Infinity`` or a float out of range. (Huge integers
+    nested over :data:`MAX_DEPTH`, ``NaN``/``Infinity`` or a float out of range. ``max_containers=None``
+    skips the count (a body of model text, whose braces are mostly inside strings). (Huge integers
     parse: a tool argument's is the model's error result, an annotation's a 400 from the server.)
 
     >>> parse_request_json(b'{"a": [1, 2.5, null]}')
@@ -257,9 +258,10 @@ def parse_request_json(raw: bytes) -> Any:
 
     from tool_backends.wire import WireError
 
-    containers = raw.count(b"{") + raw.count(b"[")
-    if containers > MAX_CONTAINERS:
-        raise WireError(f"the request holds {containers} JSON objects and arrays; the limit is {MAX_CONTAINERS}")
+    if max_containers is not None:
+        containers = raw.count(b"{") + raw.count(b"[")
+        if containers > max_containers:
+            raise WireError(f"the request holds {containers} JSON objects and arrays; the limit is {max_containers}")
     try:
         value = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
     except WireError:

@@ -45,7 +45,8 @@ from medvqa_env.images import DEFAULT_MAX_PIXELS, image_file
 from medvqa_env.parser import MAX_ACTION_CHARS
 from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
-from tool_backends.limits import RequestBudget, ResultDir, is_regular_file, parse_request_json, read_timeout_protocol
+from tool_backends.limits import (MAX_CONTAINERS, RequestBudget, ResultDir, is_regular_file, parse_request_json,
+                                  read_timeout_protocol)
 from tool_backends.single_flight import (AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in,
                                          request_key)
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
@@ -551,17 +552,20 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     # The token (or Host/Origin/content type), body size and body deadlines: RequestGate, added
     # below, in front of every endpoint, before any body byte is read.
 
-    async def parsed(raw: bytes) -> Any:
-        """A body's JSON (:func:`~tool_backends.limits.parse_request_json`); a big one is parsed off the loop."""
+    async def parsed(raw: bytes, count: bool = True) -> Any:
+        """A body's JSON (:func:`~tool_backends.limits.parse_request_json`); a big one is parsed off
+        the loop. ``count=False``: no count of objects and arrays (``/get_observation``: model turns
+        are text, and a policy's turn may hold thousands of braces)."""
+        limit = MAX_CONTAINERS if count else None
         try:
             if len(raw) > 1 << 20:
-                return await run_in_threadpool(parse_request_json, raw)
-            return parse_request_json(raw)
+                return await run_in_threadpool(parse_request_json, raw, limit)
+            return parse_request_json(raw, limit)
         except WireError as e:
             raise HTTPException(400, str(e)) from None
 
-    async def body(request: Request) -> Any:
-        return await parsed(await request.body())
+    async def body(request: Request, count: bool = True) -> Any:
+        return await parsed(await request.body(), count)
 
     async def guarded(fn, *args):
         """Run ``fn`` in a worker thread under the concurrency gate; map wire errors to 4xx."""
@@ -799,7 +803,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
 
     @app.post("/get_observation")
     async def get_observation(request: Request):
-        payload = await body(request)
+        payload = await body(request, count=False)
         if not isinstance(payload, dict) or not isinstance(payload.get("actions"), list):
             raise HTTPException(400, "expected {'trajectory_ids': [...], 'actions': [...], ...}")
         actions = payload["actions"]

@@ -265,3 +265,10 @@ def test_request_json_is_a_value_or_a_wire_error_never_anything_else(raw):
         parse_request_json(raw)
     except WireError as e:
         assert str(e)
+
+
+def test_a_turn_full_of_braces_is_the_models_observation_not_a_400(open_server):
+    """The container count guards /call bodies; a model's turn is text and may hold any braces."""
+    turn = "{" * 200_000  # more braces than the count allows, all inside one string
+    r = httpx.post(open_server.url + "/get_observation", json={"actions": [turn]}, timeout=60)
+    assert r.status_code == 200 and r.json()["valids"] == [False]

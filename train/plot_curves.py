@@ -127,9 +127,9 @@ def plot(runs, out: str, title: str = "", keys=DEFAULT_PANELS) -> None:
                 ax.plot(x, y, color=c, alpha=0.3, lw=1)
                 curves.append(dict(zip(x, y)))
             common = sorted(set.intersection(*(set(cv) for cv in curves))) if curves else []
-            if common:
+            if common:  # sparse series (held-out evaluations every k steps) get a marker on each measured point
                 ax.plot(common, [sum(cv[s] for cv in curves) / len(curves) for s in common], color=c, lw=2.5,
-                        label=f"{label} (mean of {len(curves)})")
+                        marker="o" if len(common) <= 12 else None, ms=4, label=f"{label} (mean of {len(curves)})")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         if key.startswith(UNIT_RANGE):

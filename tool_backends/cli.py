@@ -141,6 +141,9 @@ class ServeArgs(ServerArgs):
     tool_opt: list[str] = field(default_factory=list, metadata={"cli": {"alias": ["--option"]}})
     """tool option ``tool.key=value`` (JSON values parsed; repeatable), as ``--tool-opt`` everywhere
     (``--option`` is the old name)"""
+    torch_threads: str | None = None
+    """torch/BLAS threads of the tools' engines: a number, or none = the process's CPU share
+    (MEDVQA_TORCH_THREADS); printed at start and reported by /health"""
 
 
 @dataclass
@@ -260,6 +263,9 @@ def _run(command: str, args) -> int:
             from tool_backends.ray_serve import serve_from_cli
 
             return serve_from_cli(args, names)
+        from tool_backends.threads import apply_threads
+
+        print(f"medvqa-tools: {apply_threads(args.torch_threads).line()}", flush=True)
         options = tool_options(names, args.engine, args.tool_opt)
         backend = LocalBackend([build_tool(n, **options[n]) for n in names])
         app = create_app({n: backend for n in names}, _settings(args))

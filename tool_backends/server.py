@@ -50,6 +50,8 @@ from tool_backends.limits import (MAX_CONTAINERS, RequestBudget, ResultDir, is_r
 from tool_backends.single_flight import (AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in,
                                          request_key)
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
+from tool_backends import threads
+from tool_backends.observation_share import ObservationShare
 from tool_backends.trajectories import TrajectoryObserver
 from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, entry_kind, is_under,
                                 pack_frames,
@@ -540,6 +542,7 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
     service = ToolService(backends, settings)
     observer = TrajectoryObserver(service, done_if_invalid=settings.done_if_invalid,
                                   max_action_chars=settings.max_action_chars)
+    shared = ObservationShare(observer)  # a group's identical /get_observation turns step once
     app = FastAPI(title="MedVQA-Gym tool server", docs_url=None, redoc_url=None)
     gate = asyncio.Semaphore(settings.max_concurrency)
     arrivals = ImageArrivals(settings.upload_wait_s)
@@ -627,7 +630,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         return {"status": "ok", "tools": sorted(service.backends), "calls": service.calls,
                 "cache_hits": cache.hits if cache else 0, "computed": service.computed,
                 "joined_in_flight": service.flights.joined + in_flight.joined, "calls_received": service.calls + in_flight.joined,
-                "waited_for_upload": arrivals.waited, "uploads": service.uploads, "responses_reused": responses.hits, "uptime_s": round(time.time() - service.started, 1)}
+                "waited_for_upload": arrivals.waited, "uploads": service.uploads, "responses_reused": responses.hits, "observations_shared": shared.shared,
+                "threads": threads.current(), "uptime_s": round(time.time() - service.started, 1)}
 
     @app.get("/tools")
     async def tools(request: Request):
@@ -814,7 +818,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not all(isinstance(v, list) and len(v) == n for v in (ids, finish, extras)):
             raise HTTPException(400, f"expected trajectory_ids, finish and extra_fields to have {n} entries")
 
-        return await guarded(observer.batch, ids, actions, finish, extras, service.budget())
+        return await shared.answer(ids, actions, finish, extras, service.budget,
+                                   lambda *a: guarded(shared.batch, *a))
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # keep {"detail": ...} and never echo the token

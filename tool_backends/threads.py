@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ class ThreadSetting:
         """One line for a server's start-up output."""
         quota = "none" if self.cgroup_cpus is None else f"{self.cgroup_cpus:g}"
         return (f"threads: {self.threads} ({self.source}; affinity {self.affinity_cpus} CPUs, cgroup quota "
-                f"{quota}; torch {'set' if self.torch_set else 'not loaded'}, "
+                f"{quota}; torch {'set' if self.torch_set else 'not loaded: OMP_NUM_THREADS set for its import'}, "
                 f"BLAS {'set' if self.blas_set else 'untouched'})")
 
 
@@ -121,7 +122,8 @@ _CURRENT: ThreadSetting | None = None
 def apply_threads(setting: Any = None, root: Path = CGROUP_ROOT) -> ThreadSetting:
     """Set torch's intra-op threads (and loaded BLAS pools') to ``setting``, else
     :data:`ENV_VAR`, else :func:`cpu_share`; returns (and remembers, for :func:`current`) what
-    was set. torch is set only if it can be imported; a process without it just records the count."""
+    was set. A torch already imported is set; otherwise OMP_NUM_THREADS/MKL_NUM_THREADS are, which
+    torch reads when it is imported (so a server whose engines need no torch never imports it)."""
     global _CURRENT
     n = parse_threads(setting)
     source = "setting"
@@ -131,13 +133,12 @@ def apply_threads(setting: Any = None, root: Path = CGROUP_ROOT) -> ThreadSettin
     if n is None:
         n, source = cpu_share(root), "cpu share"
     torch_set = blas_set = False
-    try:
-        import torch
-
+    torch = sys.modules.get("torch")
+    if torch is not None:
         torch.set_num_threads(n)
         torch_set = True
-    except ImportError:
-        pass
+    else:  # not imported yet (a classical-only server need not pay for it): torch reads these at import
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
     try:
         from threadpoolctl import threadpool_limits
 

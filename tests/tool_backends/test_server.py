@@ -136,6 +136,30 @@ def test_get_observation_speaks_verl_tool(http, scene):
     assert bad.status_code == 400
 
 
+def test_a_group_s_identical_get_observation_turns_step_once_on_the_server(server, http, scene):
+    """The server wires ObservationShare in: 8 concurrent identical first turns (one upload each, as
+    verl-tool's workers send them) step once; the others get the same observation bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tool_backends.trajectories import data_url
+
+    image = data_url(scene.image)
+    turn = '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox": [5, 5, 45, 45]}}</tool_call>'
+    before = httpx.get(server.url + "/health").json()
+
+    def post(i):
+        return http.post("/get_observation", json={"trajectory_ids": [f"group-{i}"], "actions": [turn],
+                                                   "extra_fields": [{"images": [image]}]}).json()
+
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(post, range(8)))
+    after = httpx.get(server.url + "/health").json()
+    assert all(o["valids"] == [True] for o in outs)
+    assert len({json.dumps(o["observations"]) for o in outs}) == 1  # the same bytes for every copy
+    assert after["observations_shared"] - before["observations_shared"] == 7
+    assert after["threads"]["threads"] >= 1  # what `serve` set at start (tool_backends.threads)
+
+
 def test_get_observation_keeps_each_trajectory_s_images(http, scene):
     """verl-tool style: images as data URLs or paths; a later turn can use an earlier tool's crop."""
     from tool_backends.trajectories import data_url

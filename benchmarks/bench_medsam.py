@@ -7,7 +7,7 @@ network with random weights, on the same masks and the same box prompts, in one 
   to a tenth of its size ("jittered", one fixed draw per mask shared by every engine); and on real
   MRI slices with masks from Debian's ``insighttoolkit5-examples`` (setup step:
   ``apt-get install insighttoolkit5-examples``; Apache-2.0; nothing of it is committed): the
-  proton-density slice with its head mask and axial slices of the T1 volume with the brain of its
+  proton-density slice with its head mask and coronal slices of the T1 volume with the brain of its
   skull-stripped copy. Without the package that part is skipped and says so.
 * **Fine-tuning from the pretrained LiteMedSAM vs from scratch**: ``medvqa-tools build segment``
   twice on the same training images (``--init medsam_lite``: prompt encoder and mask decoder on
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["latency.first_vs_classical"] = lat["medsam_lite"]["first_ms"] / lat["classical"]["first_ms"]
 
     itk_note = (f"Real MRI slices (insighttoolkit5-examples: {len(itk)} masks, the head of a proton-density slice "
-                f"and the brain of {len(T1_SLICES)} axial T1 slices):\n\n{dice_table(results, 'itk')}\n\n"
+                f"and the brain of {len(T1_SLICES)} coronal T1 slices):\n\n{dice_table(results, 'itk')}\n\n"
                 if itk else "Real MRI slices: insighttoolkit5-examples is not installed here "
                 "(`apt-get install insighttoolkit5-examples`), so that table was skipped.\n\n")
     ft = ["| start | steps | training images | build CPU s | held-out Dice, gold box | held-out Dice, jittered box |",

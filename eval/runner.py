@@ -751,7 +751,7 @@ def run_info(agent: Agent, dataset: VQADataset, config: EvalConfig, split: str |
     if isinstance(info["tools"], dict):  # trained tools by content hash (built now if missing: the env would)
         from tool_backends.identity import describe_tools
 
-        info["tool_identity"] = describe_tools(info["tools"], build=True)
+        info["tool_identity"] = describe_tools(info["tools"], build=True, dataset=dataset)  # segment: the dataset's default engine
     info["provenance"] = provenance()
     loaded = dataset_provenance(dataset)  # the files read and the rows skipped (their list: skipped_records.jsonl)
     if loaded is not None:

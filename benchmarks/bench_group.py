@@ -386,8 +386,8 @@ def main(argv: list[str] | None = None) -> None:
               "between rounds on this 2-core VM. The server and the router join identical requests by reference on their event loop, before "
               "their slots (one request takes a slot and a thread); a request carrying the image's bytes (the "
               "upload) runs on its own. On the server, a by-reference call whose result and response it holds is "
-              "answered on the event loop (no slot, no thread), and so is the 409 for an image it lacks; `POST /call` "
-              "skips FastAPI's request machinery (`tool_backends.server.FastCall`). Goal (issue 31): a remote group of 8 ≤ 1.5× one call.", ""]
+              "answered on the event loop (no slot, no thread), and so is the 409 for an image it lacks; every "
+              "endpoint passes the same RequestGate (token before the body). Goal (issue 31): a remote group of 8 ≤ 1.5× one call.", ""]
     record("group", "\n".join(lines), figures, "python benchmarks/bench_group.py",
            results_dir_arg(args.quick, args.results))
 

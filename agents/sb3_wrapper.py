@@ -246,7 +246,7 @@ def make_sb3_vec_env(n_envs: int, dataset: Any = "embedded", split: str = "train
     if not isinstance(n_envs, int) or n_envs < 1:
         raise ValueError(f"expected n_envs >= 1, got {n_envs!r}")
     records = load_dataset(dataset, split=split) if isinstance(dataset, str) else dataset
-    services = EnvServices.build(tools=tools, reward=reward)
+    services = EnvServices.build(tools=tools, reward=reward, dataset=records)
     options = dict(wrapper_options or {})
     options.setdefault("answers", answer_vocabulary(records, options.pop("n_open_answers", 32)))
 

@@ -185,7 +185,7 @@ def create_server_app(env_kwargs: Mapping[str, Any] | None = None, max_concurren
     kwargs = dict(env_kwargs or {})
     if "services" in kwargs:
         raise ConfigError("expected env_kwargs without 'services': the server builds the one its sessions share")
-    services = EnvServices.build(kwargs.pop("tools", None), kwargs.pop("reward", None))
+    services = EnvServices.build(kwargs.pop("tools", None), kwargs.pop("reward", None), kwargs.get("dataset", "embedded"))
     factory = functools.partial(MedVQAEnvironment, env_kwargs=kwargs, services=services)
     return create_app(factory, MedVQAAction, MedVQAObservation, env_name="medvqa",
                       max_concurrent_envs=max_concurrent_envs)

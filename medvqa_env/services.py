@@ -42,8 +42,14 @@ class EnvServices:
     """The reward was built here (from a name or config), so :meth:`close` closes it too."""
 
     @classmethod
-    def build(cls, tools: Any = None, reward: Any = None) -> "EnvServices":
-        """From the env's ``tools`` and ``reward`` arguments (any form :class:`MedVQAEnv` takes)."""
+    def build(cls, tools: Any = None, reward: Any = None, dataset: Any = None) -> "EnvServices":
+        """From the env's ``tools`` and ``reward`` arguments (any form :class:`MedVQAEnv` takes);
+        ``dataset`` (a name or loaded dataset) gives its engine defaults, as the env does
+        (:func:`tool_backends.config.for_dataset`: ``segment`` on real images is LiteMedSAM)."""
+        if dataset is not None:
+            from tool_backends.config import for_dataset
+
+            tools = for_dataset(tools, dataset)
         return cls(reward=resolve_reward(reward), toolbox=resolve_toolbox(tools), owns_reward=builds_reward(reward))
 
     def end_batch(self, batch_id: Any = None) -> dict[str, Any]:

@@ -212,7 +212,8 @@ def _env_init(env_kwargs: Mapping[str, Any]):
 
     def __init__(self) -> None:
         if not shared:
-            shared.append(EnvServices.build(kwargs.pop("tools", None), kwargs.pop("reward", None)))
+            shared.append(EnvServices.build(kwargs.pop("tools", None), kwargs.pop("reward", None),
+                                            kwargs.get("dataset", "embedded")))
         self.env = _env({**kwargs, "services": shared[0]})
     return __init__
 

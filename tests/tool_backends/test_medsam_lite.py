@@ -305,6 +305,26 @@ def test_the_server_serves_the_same_answer_as_in_process(start_server):
 @needs_checkpoint
 @pytest.mark.slow
 @pytest.mark.data
+def test_every_entry_point_s_shared_services_give_the_dataset_s_segment_default(monkeypatch):
+    """EnvServices.build(dataset=...) -- what the TRL hook, the SB3 wrapper and the OpenEnv server
+    build their copies' services with -- resolves segment as the env would (no model loaded here)."""
+    from medvqa_env.services import EnvServices
+
+    monkeypatch.setattr(medsam_lite, "bundled_checkpoint", lambda: medsam_lite.Path(__file__))  # "installed"
+    built = []
+    monkeypatch.setattr("medvqa_env.services.resolve_toolbox", lambda tools: built.append(tools) or _NoTools())
+    EnvServices.build("image_zoom_in,segment", "rule", dataset="vqa_rad")
+    EnvServices.build("image_zoom_in,segment", "rule", dataset="embedded")
+    EnvServices.build("image_zoom_in,segment", "rule")
+    assert built[0]["segment"]["engine"] == "medsam_lite" and built[1]["segment"]["engine"] == "classical"
+    assert built[2] == "image_zoom_in,segment"  # no dataset: the config as given
+
+
+class _NoTools:
+    def close(self):
+        pass
+
+
 def test_gym_make_on_vqa_rad_segments_with_litemedsam_by_default(vqa_rad_root):
     import gymnasium as gym
 

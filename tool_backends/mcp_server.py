@@ -165,10 +165,14 @@ class MCPTools:
         return budget.take_result(self.service.run(name, own, images, context))
 
     def http_app(self, path: str = "/mcp"):
-        """The streamable-HTTP ASGI app, behind the token check and the body limit."""
+        """The streamable-HTTP ASGI app behind the HTTP tool server's own :class:`RequestGate`: the
+        token (without one: loopback ``Host``/``Origin`` and ``application/json`` bodies) before any
+        body byte, the body size and its whole-body deadline, a client that leaves ends its request."""
+        from tool_backends.server import RequestGate
+
         app = self.server.streamable_http_app(streamable_http_path=path, host=self.settings.host,
                                               max_request_body_size=self.settings.max_body_bytes)
-        return TokenGate(app, self.settings.token, self.settings.max_body_bytes)
+        return RequestGate(app, self.settings, answer=None)
 
 
 def to_mcp(result: ToolResult):
@@ -193,34 +197,6 @@ def from_mcp(result) -> ToolResult:
     data = dict(result.structured_content or {})
     error = data.pop("error", None) if result.is_error else None
     return ToolResult("\n".join(texts), images=images, data=data, error=error)
-
-
-class TokenGate:
-    """ASGI middleware: with a token, every HTTP request needs ``Authorization: Bearer <token>``
-    (compared in constant time, as the HTTP tool server does; 401 otherwise); a declared body over
-    ``max_body_bytes`` gets 413 before it is read (the SDK bounds streamed bodies itself)."""
-
-    def __init__(self, app, token: str | None, max_body_bytes: int) -> None:
-        self.app, self.token, self.max_body_bytes = app, token, int(max_body_bytes)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            if self.token and not hmac.compare_digest(headers.get(b"authorization", b""),
-                                                      f"Bearer {self.token}".encode()):
-                return await _answer(send, 401, "missing or wrong bearer token")
-            length = headers.get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                return await _answer(send, 413, f"request body of {int(length)} bytes is over the limit of "
-                                                f"{self.max_body_bytes}")
-        return await self.app(scope, receive, send)
-
-
-async def _answer(send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def run_stdio(tools: MCPTools) -> None:
@@ -256,4 +232,4 @@ def _version() -> str:
         return "0"
 
 
-__all__ = ["MCPTools", "input_schema", "to_mcp", "from_mcp", "run_stdio", "serve_http", "TokenGate"]
+__all__ = ["MCPTools", "input_schema", "to_mcp", "from_mcp", "run_stdio", "serve_http"]

@@ -130,6 +130,24 @@ def test_every_tool_over_streamable_http_with_a_token(episode, local_tools):
         server.stop()
 
 
+def test_streamable_http_takes_the_tool_server_s_request_gate():
+    """Without a token, the MCP HTTP app refuses what the HTTP tool server refuses, before the body:
+    a non-loopback Host or Origin (DNS rebinding, a web page) and a body that is not JSON."""
+    tools = MCPTools({"image_zoom_in": LocalBackend([build_tool("image_zoom_in")])}, ServerSettings())
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+
+    async def main():
+        transport = httpx.ASGITransport(app=tools.http_app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return [await c.post("/mcp", json=hello, headers={"Host": "evil.example"}),
+                    await c.post("/mcp", json=hello, headers={"Origin": "http://evil.example"}),
+                    await c.post("/mcp", content=b"{}", headers={"content-type": "text/plain"})]
+
+    host, origin, media = anyio.run(main)
+    assert (host.status_code, origin.status_code, media.status_code) == (403, 403, 415)
+    assert "not a loopback name" in host.json()["detail"] and "application/json" in media.json()["detail"]
+
+
 def test_bad_input_is_a_result_the_model_can_read_and_limits_hold(episode):
     image, _, url = episode
     backend = LocalBackend([build_tool("image_zoom_in")])

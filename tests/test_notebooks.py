@@ -76,6 +76,7 @@ def _images(nb) -> int:
     return sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", ()))
 
 
+@pytest.mark.slow
 def test_probe_tools_runs_top_to_bottom(kernel, tmp_path):
     nb = execute(REPO / "examples" / "probe_tools.ipynb", kernel, tmp_path)
     text = _text(nb)
@@ -86,6 +87,7 @@ def test_probe_tools_runs_top_to_bottom(kernel, tmp_path):
     assert _images(nb) >= 7  # the question image, the tools' images, the renders, the side-by-side pair
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_runs_top_to_bottom(kernel, tmp_path):
     nb = execute(REPO / "examples" / "train_and_evaluate.ipynb", kernel, tmp_path)
     text = _text(nb)

@@ -60,6 +60,7 @@ def _conversations(env, n, zoom_in_second=True):
     return convs
 
 
+@pytest.mark.slow
 def test_smollm2_plays_episodes_batched(smollm2, embedded_env, episodes):
     results = episodes(embedded_env, smollm2, [0, 1])
     assert all(r["end_reason"] in ("answer", "max_turns") for r in results)

@@ -334,6 +334,7 @@ def smollm2_server():
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_episodes_through_the_real_smollm2_server(smollm2_server, episodes, monkeypatch, caplog):
     monkeypatch.setenv(KEY_VAR, KEY)
     agent = OpenAIAgent(smollm2_server, api_key_env=KEY_VAR, max_tokens=24, temperature=0.0, concurrency=2)

@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 TINY_TRAINED = {"steps": 2, "dataset_options": {"n": 48}, "val_options": {"n": 8}}
 
 
+@pytest.mark.slow
 def test_the_demo_table_has_a_row_with_the_trained_tools(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDVQA_CACHE", str(tmp_path / "cache"))  # the trained tools are built here, not in ~/.cache
     runs = evaluate_baselines(tmp_path / "out", limit=3, workers=0, trained=TINY_TRAINED)

@@ -29,6 +29,7 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_results(tmp_path, manifest):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(eval_cmd(manifest, whole), cwd=REPO, env=env(), check=True, capture_output=True, timeout=120)

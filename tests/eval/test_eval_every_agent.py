@@ -64,6 +64,7 @@ def test_tiny_vlm(embedded_test, tmp_path):
     run(build_agent("vlm", model="tiny-qwen2-vl", max_new_tokens=8), embedded_test, tmp_path)
 
 
+@pytest.mark.slow
 def test_smollm2_text_agent(embedded_test, tmp_path):
     # one question, one ablated pass: SmolLM2's prefill of the default prompt is ~8 s a turn on one thread,
     # the slowest agent here (the cheap agents above cover blank and shuffle on three questions)
@@ -72,6 +73,7 @@ def test_smollm2_text_agent(embedded_test, tmp_path):
     assert all(isinstance(row["trace"][0]["action"], str) and row["trace"][0]["action"] for row in rows)
 
 
+@pytest.mark.slow
 def test_openai_endpoint_agent(embedded_test, tmp_path):
     from agents.openai_server import ServerProcess
 

@@ -49,6 +49,7 @@ def vec_env_on(server_factory):
     venv.close()
 
 
+@pytest.mark.slow
 def test_vector_rollout_survives_kill_stall_and_restart(vec_env_on):
     server, venv = vec_env_on
     n = venv.num_envs
@@ -101,6 +102,7 @@ def _wait_rows(path: Path, n: int, proc: subprocess.Popen, limit_s: float = 90.0
     return len(_rows(path))
 
 
+@pytest.mark.slow
 def test_eval_run_survives_a_stalled_then_killed_tool_server(server_factory, tmp_path):
     server = server_factory("serve", ["--tools", "image_zoom_in"])
     tools = json.dumps({"image_zoom_in": {"url": server.url, "timeout_s": TIMEOUT_S, "retries": 1}})

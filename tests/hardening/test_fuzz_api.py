@@ -117,6 +117,7 @@ def fuzz_server(tool_server):
     assert httpx.get(tool_server.url + "/health", timeout=10).status_code == 200
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_fuzzed_requests_never_get_a_server_error(case, fuzz_server):

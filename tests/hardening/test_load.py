@@ -34,6 +34,7 @@ def test_concurrent_clients_get_no_errors_and_server_memory_stays_flat(server_fa
     assert growth < 30 * MiB, f"server RSS grew {growth / MiB:.1f} MiB over 160 calls: {[x // MiB for x in rss]}"
 
 
+@pytest.mark.slow
 def test_router_under_concurrent_clients(server_factory, image):
     server = server_factory("serve", ["--tools", "segment,image_zoom_in", "--cache-size", "0"])
     upstream = f"segment={server.url},image_zoom_in={server.url}"

@@ -168,6 +168,7 @@ def test_http_tool_client_keeps_its_token_out_of_observations_logs_and_pickles(s
     assert_absent(texts, debug_logs.text)
 
 
+@pytest.mark.slow
 def test_an_eval_run_writes_no_secret_anywhere(server_factory, tmp_path):
     """``python -m eval.run`` with a token-protected tool server, an echoing tool server and an
     LLM judge: stdout, stderr and every file written under ``--out`` are free of both secrets."""

@@ -57,6 +57,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path):
     assert latest_checkpoint(tmp_path / "nothing") is None
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "train.grpo", *TINY, "--steps", "6", "--prompts_per_step", "2", "--group_size",

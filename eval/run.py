@@ -253,7 +253,7 @@ def _evaluate(run: RunArgs, config, given: set[str] | None = None) -> int:
         for note in trained_differences(trained, config):
             log.warning(note)
         if "tools" not in {a.strip() for a in run.allow_changed.split(",")}:
-            check_trained_tools(trained, config.tools)
+            check_trained_tools(trained, config.tools, dataset=run.dataset)
         dataset_options = parse_options(run.dataset_opt, "--dataset-opt")
         dataset = load_dataset(run.dataset, split=run.split, **dataset_options)
         agent = build_agent(run.agent, **with_env_dataset(run, agent_options, dataset, dataset_options))

@@ -80,18 +80,19 @@ def trained_differences(run_file: Mapping[str, Any], config: Any) -> list[str]:
     return warnings
 
 
-def check_trained_tools(run_file: Mapping[str, Any], tools: Any) -> None:
+def check_trained_tools(run_file: Mapping[str, Any], tools: Any, dataset: Any = None) -> None:
     """Stop when a trained tool the checkpoint was trained with (its record's ``tool_identity``)
     has another content hash in the evaluation's ``tools`` (built now if missing, as the env
     would), naming what changed; ``--allow-changed tools`` evaluates anyway. Checkpoints older
-    than the record, and tools given as objects, are not compared."""
+    than the record, and tools given as objects, are not compared. ``dataset`` resolves engine
+    defaults as the env and the trainer's record do (LiteMedSAM for ``segment`` on real images)."""
     recorded = (run_file.get("resolved") or {}).get("tool_identity")
     trained = {name: d for name, d in (recorded or {}).items() if d.get("content_hash")}
     if not trained or hasattr(tools, "names"):
         return
     from tool_backends.identity import check_tools, describe_tools
 
-    current = describe_tools(tools, build=True)
+    current = describe_tools(tools, build=True, dataset=dataset)  # segment: the dataset's default engine, as trained
     check_tools(trained, {name: d for name, d in current.items() if name in trained}, "the checkpoint",
                 "Pass --allow-changed tools to evaluate it with these tools anyway.")
 

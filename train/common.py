@@ -223,7 +223,7 @@ def resolved_config(args: Any) -> dict[str, Any]:
     resolved = {"tools": tools,
                 "system_prompt": system_prompt_of(args) if hasattr(args, "demo_prompt") else None}
     if resolved["tools"] is not None:  # trained tools by content hash (None until built: record_settings refreshes it)
-        resolved["tool_identity"] = describe_tools(resolved["tools"])
+        resolved["tool_identity"] = describe_tools(resolved["tools"], dataset=getattr(args, "dataset", None))
     if hasattr(args, "reward"):
         resolved["reward"] = reward_spec(args.reward, args.reward_opt) or "default"
     if hasattr(args, "policy"):  # what a LoRA adapter folder names as its base
@@ -276,7 +276,8 @@ def check_resume(out: Path, args: Any, checkpoint: Path | None) -> None:
         from tool_backends.identity import check_tools, describe_tools
 
         # build=True: a trained tool missing here is built now (the env would build it anyway), then compared
-        check_tools(recorded_tools, describe_tools(tool_config(args.tools), build=True), str(out),
+        check_tools(recorded_tools, describe_tools(tool_config(args.tools), build=True,
+                                                   dataset=getattr(args, "dataset", None)), str(out),
                     "Use another --out, or --allow-changed tools to resume with these tools.")
     step = int(checkpoint.name.rsplit("_", 1)[-1])
     if args.steps < step:

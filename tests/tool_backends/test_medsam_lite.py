@@ -320,6 +320,30 @@ def test_every_entry_point_s_shared_services_give_the_dataset_s_segment_default(
     assert built[2] == "image_zoom_in,segment"  # no dataset: the config as given
 
 
+@needs_checkpoint
+def test_a_trainer_s_record_names_the_dataset_s_segment_engine_by_hash():
+    """A run trained on a real-image dataset with an unnamed segment engine records LiteMedSAM by its
+    checkpoint hash (as eval's run.json does), and eval-as-trained compares it the same way."""
+    import dataclasses
+
+    from eval.trained_settings import check_trained_tools
+    from train.common import resolved_config
+
+    @dataclasses.dataclass
+    class Args:
+        dataset: str = "vqa_rad"
+        tools: str = "image_zoom_in,segment"
+
+    record = resolved_config(Args())["resolved"]["tool_identity"]["segment"]
+    assert record["engine"] == "medsam_lite" and record["content_hash"] == medsam_lite.CHECKPOINT_SHA256
+    embedded = resolved_config(Args(dataset="embedded"))["resolved"]["tool_identity"]["segment"]
+    assert embedded["engine"] == "classical" and embedded["content_hash"] is None
+    run_file = {"resolved": {"tool_identity": {"segment": record}}}
+    check_trained_tools(run_file, "image_zoom_in,segment", dataset="vqa_rad")  # the same tools: no complaint
+    with pytest.raises(ConfigError, match="other tools"):
+        check_trained_tools(run_file, "image_zoom_in,segment=classical", dataset="vqa_rad")
+
+
 class _NoTools:
     def close(self):
         pass

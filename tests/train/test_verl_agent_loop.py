@@ -425,3 +425,25 @@ def test_checkpoint_settings_read_the_episode_as_the_native_trainer(tmp_path, mo
     assert torch.equal(pixels["pixel_values"], native.pixel_values)
     plain_ids, plain_images = verl_view(False)  # without the setting: the env's prompt, full-size images
     assert plain_ids != native.ids and plain_images[0].size == env.images[0].size
+
+
+def test_verl_episodes_give_segment_the_dataset_s_default_engine(monkeypatch):
+    """verl's agent loop builds its workers' toolbox as gym.make would: segment on a real-image
+    dataset is LiteMedSAM (tool_backends.config.for_dataset), on the embedded default classical."""
+    from tool_backends.engines import medsam_lite
+    from train.verl_integration import agent_loop
+
+    class Seen(Exception):
+        pass
+
+    def capture(tools, reward):
+        raise Seen(tools)
+
+    monkeypatch.setattr(medsam_lite, "bundled_checkpoint", lambda: medsam_lite.Path(__file__))  # "installed"
+    monkeypatch.setattr(agent_loop, "shared_services", capture)
+    engines = {}
+    for dataset in ("vqa_rad", "embedded"):
+        with pytest.raises(Seen) as seen:
+            agent_loop.make_env({"dataset": dataset, "tools": "image_zoom_in,segment"}, reward=object())
+        engines[dataset] = seen.value.args[0]["segment"]["engine"]
+    assert engines == {"vqa_rad": "medsam_lite", "embedded": "classical"}

@@ -109,7 +109,9 @@ def make_env(env_kwargs: Mapping[str, Any], reward_options: Mapping[str, Any] | 
     if kwargs.get("reward") is not None:
         return MedVQAEnv(dataset=shared_dataset(env_kwargs), **kwargs)
     reward = reward if reward is not None else shared_reward(**dict(reward_options or {}))
-    services = shared_services(kwargs.pop("tools", None), reward)
+    from tool_backends.config import for_dataset  # segment on real images: LiteMedSAM, as gym.make gives it
+
+    services = shared_services(for_dataset(kwargs.pop("tools", None), env_kwargs.get("dataset", "embedded")), reward)
     kwargs.pop("reward", None)
     return MedVQAEnv(dataset=shared_dataset(env_kwargs), services=services, **kwargs)
 

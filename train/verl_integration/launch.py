@@ -160,7 +160,8 @@ def run_record(cfg) -> dict[str, Any]:
         if widened.is_file():
             policy_record["widened_from_policy_sha256"] = json.loads(widened.read_text()).get("source_policy_sha256")
     data = {split: data_files_record(files) for split, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
-    return {"tool_identity": describe_tools(env.get("tools") or {}, build=True), "policy": policy_record,
+    return {"tool_identity": describe_tools(env.get("tools") or {}, build=True, dataset=env.get("dataset")),
+            "policy": policy_record,
             "data": data, "provenance": provenance()}
 
 

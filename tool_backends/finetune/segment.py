@@ -144,29 +144,40 @@ def validate(model, pixels: np.ndarray, masks: list, device: str) -> dict[str, A
             logits = predict_masks(model, torch.from_numpy(pixels[i:i + 1].astype(np.float32)), boxes, size, device)[0]
             for (label, gold, _), pred in zip(entries, (logits > 0).cpu().numpy()):
                 per_label.setdefault(label, []).append(dice(pred, gold))
+    return dice_summary(per_label, len(masks))
+
+
+def dice_summary(per_label: dict[str, list[float]], n_images: int) -> dict[str, Any]:
+    """Mean Dice over every mask, and per label, as the manifest's quality block records it."""
     scores = [v for vals in per_label.values() for v in vals]
     return {"mean_dice": round(float(np.mean(scores)), 4) if scores else None, "n_masks": len(scores),
-            "n_images": len(masks),
+            "n_images": n_images,
             "per_label": {lab: {"dice": round(float(np.mean(v)), 4), "n": len(v)} for lab, v in sorted(per_label.items())}}
 
 
-def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
-    """Train, report validation Dice, save model + processor to ``out``; the provenance dict."""
-    import torch
-
+def masked_images(args: FinetuneArgs, recipe: dict[str, Any]):
+    """``(steps, lr, train images, val images, val_from)``: the recipe's steps and lr unless given,
+    and the dataset's images that have masks, split as :func:`validation_images` does."""
     from medvqa_env.config import parse_options
 
-    if args.init == "medsam_lite":
-        return train_medsam_lite(args, out)
-    steps = int(args.steps if args.steps is not None else RECIPE["steps"])
-    lr = float(args.lr if args.lr is not None else RECIPE["lr"])
+    steps = int(args.steps if args.steps is not None else recipe["steps"])
+    lr = float(args.lr if args.lr is not None else recipe["lr"])
     images = annotated_images(args.dataset, args.split, parse_options(args.dataset_opt, "--dataset-opt"),
                               limit=args.max_images)
     images = [im for im in images if im.masks]
     if not images:
         raise DatasetError(f"{args.dataset!r} split {args.split!r}: no masks to train segment on")
     images, val_images, val_from = validation_images(args, images)
-    val_images = [im for im in val_images if im.masks]
+    return steps, lr, images, [im for im in val_images if im.masks], val_from
+
+
+def train_segment(args: FinetuneArgs, out: str) -> dict[str, Any]:
+    """Train, report validation Dice, save model + processor to ``out``; the provenance dict."""
+    import torch
+
+    if args.init == "medsam_lite":
+        return train_medsam_lite(args, out)
+    steps, lr, images, val_images, val_from = masked_images(args, RECIPE)
     with training_run(args.seed, args.torch_threads) as clock:
         model, processor = sam_to_train(args.seed)
         pixels, masks = load_examples(images, processor)
@@ -261,10 +272,7 @@ def lite_validate(net, embeddings, masks) -> dict[str, Any]:
             logits, _ = net.decode(emb[None].expand(len(entries), -1, -1, -1), boxes=boxes)
             for (label, gold, _), pred in zip(entries, (logits[:, 0] > 0).numpy()):
                 per_label.setdefault(label, []).append(dice(pred, gold))
-    scores = [v for vals in per_label.values() for v in vals]
-    return {"mean_dice": round(float(np.mean(scores)), 4) if scores else None, "n_masks": len(scores),
-            "n_images": len(masks),
-            "per_label": {lab: {"dice": round(float(np.mean(v)), 4), "n": len(v)} for lab, v in sorted(per_label.items())}}
+    return dice_summary(per_label, len(masks))
 
 
 def train_medsam_lite(args: FinetuneArgs, out: str) -> dict[str, Any]:
@@ -274,20 +282,11 @@ def train_medsam_lite(args: FinetuneArgs, out: str) -> dict[str, Any]:
     (``model=DIR``) and ``trained`` (``path=DIR``)."""
     import torch
 
-    from medvqa_env.config import parse_options
     from tool_backends.engines.medsam_lite import CHECKPOINT_FILE, SIZE, build_network
     from tool_backends.engines.medsam_lite_model import to_lite_medsam_state
 
     recipe = PRETRAINED_RECIPES["medsam_lite"]
-    steps = int(args.steps if args.steps is not None else recipe["steps"])
-    lr = float(args.lr if args.lr is not None else recipe["lr"])
-    images = annotated_images(args.dataset, args.split, parse_options(args.dataset_opt, "--dataset-opt"),
-                              limit=args.max_images)
-    images = [im for im in images if im.masks]
-    if not images:
-        raise DatasetError(f"{args.dataset!r} split {args.split!r}: no masks to train segment on")
-    images, val_images, val_from = validation_images(args, images)
-    val_images = [im for im in val_images if im.masks]
+    steps, lr, images, val_images, val_from = masked_images(args, recipe)
     with training_run(args.seed, args.torch_threads) as clock:
         net, _, start_sha256 = build_network()  # the bundled checkpoint, SHA-256 checked
         net.to(args.device).eval()  # BatchNorm and the encoder stay as pretrained

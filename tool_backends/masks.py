@@ -6,7 +6,10 @@ and is re-exported here, so tools and the renderer share one format.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import contextlib
+import contextvars
+import io
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -75,35 +78,66 @@ def draw_boxes(image: Image.Image, boxes: Sequence[Mapping[str, Any]]) -> Image.
     return out
 
 
+_MASK_READER: contextvars.ContextVar[Callable[[str], bytes] | None] = contextvars.ContextVar("mask_reader",
+                                                                                             default=None)
+
+
+@contextlib.contextmanager
+def confined_mask_reads(reader: Callable[[str], bytes] | None) -> Iterator[None]:
+    """While inside, :func:`load_mask` reads a mask file's bytes only through ``reader(file)``
+    (the tool server's :func:`~tool_backends.limits.read_under_roots`: opened without following a
+    symlink, then checked on the descriptor: a regular file, within the size cap, still under a
+    root), never by ``open(name)``; a refusal is an unreadable mask (``OSError``). A context
+    variable: it holds for the thread (or task) that entered it, so each server's calls read under
+    that server's roots."""
+    token = _MASK_READER.set(reader)
+    try:
+        yield
+    finally:
+        _MASK_READER.reset(token)
+
+
+def _mask_bytes(file: str) -> bytes:
+    reader = _MASK_READER.get()
+    if reader is None:  # a local dataset's own annotation: the caller chose the file
+        with open(file, "rb") as f:
+            return f.read()
+    from tool_backends.wire import WireError
+
+    try:
+        return reader(file)
+    except WireError as e:  # not a regular file, over the size cap, unreadable
+        raise OSError(str(e)) from None
+
+
 def load_mask(path: str, size: tuple[int, int]) -> np.ndarray:
     """Read an annotated mask file (non-zero = inside), resized to ``size`` = (w, h) if needed.
 
     Any image format a record's image may use works, with the same path fragment: a NIfTI or DICOM
-    label volume names its slice like the image does (``labels.nii.gz#slice=40``). Unreadable
-    files raise ``OSError`` (the oracle then treats the annotation as absent)."""
+    label volume names its slice like the image does (``labels.nii.gz#slice=40``). The file is
+    opened once, and inside :func:`confined_mask_reads` only through its reader. Unreadable or
+    refused files raise ``OSError`` (the oracle then treats the annotation as absent)."""
     from medvqa_env.errors import DatasetError
     from medvqa_env.medical_images import read_medical, sniff_format, split_image_ref
 
     try:
         file, options = split_image_ref(path)
-        with open(file, "rb") as f:
-            head = f.read(548)
-        kind = sniff_format(head, file)
+        data = _mask_bytes(file)
+        kind = sniff_format(data[:548], file)
         if kind == "other" and file.lower().endswith(".gz"):
             kind = "nifti"
         if kind != "other":
-            with open(file, "rb") as f:
-                labels = read_medical(kind, f.read(), options, f"mask {path!r}", 1 << 30).array
+            labels = read_medical(kind, data, options, f"mask {path!r}", 1 << 30).array
             im = Image.fromarray((np.asarray(labels) != 0).astype(np.uint8) * 255)
         else:
-            im = Image.open(file)
+            im = Image.open(io.BytesIO(data))
             if options.slice is not None:
                 im.seek(options.slice)
             if im.mode in ("I", "F") or im.mode.startswith("I;"):  # 16/32-bit label maps: any label is inside
                 im = Image.fromarray((np.asarray(im) != 0).astype(np.uint8) * 255)
             else:
                 im = im.convert("L")
-    except (DatasetError, ValueError, EOFError) as e:
+    except (DatasetError, ValueError, EOFError, Image.DecompressionBombError) as e:
         raise OSError(str(e)) from None
     if im.size != tuple(size):
         im = im.resize(tuple(size), Image.Resampling.NEAREST)

@@ -41,19 +41,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from medvqa_env.errors import ConfigError, ToolError, unknown_name_message
-from medvqa_env.images import DEFAULT_MAX_PIXELS, image_file
+from medvqa_env.images import DEFAULT_MAX_PIXELS
 from medvqa_env.parser import MAX_ACTION_CHARS
-from medvqa_env.records import Annotations
 from tool_backends.base import ToolContext, ToolResult, canonical_arguments
-from tool_backends.limits import (MAX_CONTAINERS, RequestBudget, ResultDir, is_regular_file, parse_request_json,
-                                  read_timeout_protocol)
+from tool_backends.limits import (MAX_CONTAINERS, RequestBudget, ResultDir, parse_request_json, read_timeout_protocol,
+                                  read_under_roots)
+from tool_backends.masks import confined_mask_reads
 from tool_backends.single_flight import (AsyncSingleFlight, ForwardedImages, ImageArrivals, SingleFlight, refs_in,
                                          request_key)
 from tool_backends.toolbox import ToolBackend, ToolCache, cache_key
 from tool_backends import threads
 from tool_backends.observation_share import ObservationShare
 from tool_backends.trajectories import TrajectoryObserver
-from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, entry_kind, is_under,
+from tool_backends.wire import (FRAMES, ImageStore, UnknownImage, WireError, decode_image_entry, entry_kind,
                                 pack_frames,
                                 result_to_wire, target_index)
 
@@ -374,11 +374,16 @@ class ToolService:
         ann = ctx.annotations
         if not all(math.isfinite(v) for box in ann.boxes for v in box.bbox):
             raise WireError("malformed 'context': annotation boxes need finite coordinates")
-        masks = tuple(m for m in ann.masks if self.settings.image_roots and is_under(image_file(m.path), self.settings.image_roots)
-                      and is_regular_file(image_file(m.path)))
-        if len(masks) != len(ann.masks):  # never open a client-named file outside the roots, nor a FIFO or device
-            ctx = ToolContext(ctx.record_id, ctx.dataset, Annotations(ann.boxes, masks, ann.labels), ctx.question)
+        # annotation mask paths are not looked at here: a name checked now could be a symlink, a
+        # FIFO or a device by the time a tool opens it. The tool reads them through read_mask
+        # (_compute), which checks the open descriptor.
         return ctx
+
+    def read_mask(self, file: str) -> bytes:
+        """A client-named annotation mask file's bytes, as an image ``path`` is read
+        (:func:`~tool_backends.limits.read_under_roots`: under the image roots, opened without
+        following a symlink, a regular file within the size cap, checked on the descriptor)."""
+        return read_under_roots(file, self.settings.image_roots, 4 * self.settings.max_pixels + (1 << 20))
 
     def budget(self) -> RequestBudget:
         """A fresh :class:`RequestBudget` for one request."""
@@ -481,7 +486,8 @@ class ToolService:
         with self._count_lock:
             self.computed += 1
         try:
-            result = self.backends[name].call(name, images, arguments, context)
+            with confined_mask_reads(self.read_mask):  # never open(name) a client's mask path
+                result = self.backends[name].call(name, images, arguments, context)
         except ToolError as e:
             result = ToolResult.failure(str(e))
         except Exception as e:  # a tool bug is the model's observation, not a 500

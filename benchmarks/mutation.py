@@ -1,6 +1,6 @@
 """Mutation testing of the modules that decide a number: do the tests notice a one-token change?
 
-    python benchmarks/mutation.py [--only rewards/normalize.py,...] [--max-children 2] [--results DIR]
+    python benchmarks/mutation.py [--only rewards/normalize.py,...] [--max-children 2] [--update] [--results DIR]
 
 mutmut (the ``dev`` extra) makes every small mutant of each module below (an operator flipped, a
 constant changed, a call argument dropped, ...) and runs, for each mutant, the module's *own* fast test
@@ -8,7 +8,9 @@ files -- only those of them that reach the mutated function. A mutant is *killed
 *survives* when they all pass, and has *no tests* when none reaches it. Each module runs in its own
 scratch copy of the checkout (mutmut writes ``mutants/`` beside the code it copies), so the checkout
 is never touched. The score is (killed + timeout) / (killed + survived + no tests + timeout + suspicious);
-survivors are printed as diffs and kept in the results with their names.
+survivors are printed as diffs and kept in the results with their names. A big module listed in
+``FUNCTIONS`` is mutated only in the named functions (its mutants elsewhere are neither run nor
+counted; the row says which functions).
 
 Not run by CI or by ``run_all.py`` (minutes of CPU); run it after changing a listed module or its tests
 and look at the new survivors: each is either an equivalent mutant (no behaviour can tell) or a
@@ -53,6 +55,23 @@ TARGETS: dict[str, list[str]] = {
     "eval/scoring.py": ["tests/eval/test_scoring.py"],
     "train/algorithms.py": ["tests/train/test_algorithms.py"],
     "train/protocol.py": ["tests/train/test_protocol.py", "tests/train/test_protocol_verdict.py"],
+    # issue 40: the tool server's request path
+    "tool_backends/limits.py": ["tests/hardening/test_server_files.py", "tests/tool_backends/test_limits_teeth.py"],
+    "tool_backends/single_flight.py": ["tests/tool_backends/test_single_flight.py",
+                                       "tests/tool_backends/test_single_flight_teeth.py"],
+    "tool_backends/http_client.py": ["tests/tool_backends/test_client_hostile.py",
+                                    "tests/tool_backends/test_http_connection.py"],
+    # issue 42: tool identity, checkpoints, resume checks
+    # (test_tool_identity.py builds real tools: ~13 CPU min per run of this module, so only the teeth run here)
+    "tool_backends/identity.py": ["tests/tool_backends/test_identity_teeth.py"],
+}
+
+# big modules: only these functions are mutated ("name" a function, "Class.name" a method,
+# "Class.*" every method of a class); the rest of the module is neither run nor counted
+FUNCTIONS: dict[str, list[str]] = {
+    # the connection's framing and deadline, the pool's reuse, the token header
+    "tool_backends/http_client.py": ["Connection.*", "ConnectionPool.*", "HTTPToolBackend._request",
+                                     "HTTPToolBackend._headers", "HTTPToolBackend.__getstate__"],
 }
 
 # tests left out of a module's runs (``pytest -k``): slow ones that reach none of its functions, or
@@ -85,12 +104,15 @@ def scratch_copy(module: str, tests: list[str]) -> Path:
     root = Path(tempfile.mkdtemp(prefix="medvqa-mutation-"))
     for name in PACKAGES + ["tests"]:
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # the benchmark scripts some tests import (tests/hardening loads bench_load.py), not their records
+    shutil.copytree(ROOT / "benchmarks", root / "benchmarks",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "results", "runs"))
     for name in ("setup.cfg", "pyproject.toml"):
         shutil.copy2(ROOT / name, root / name)
     package = module.split("/", 1)[0]
     others = [p for p in PACKAGES if p != package]
     section = ["[mutmut]", f"source_paths = {package}", f"only_mutate = {module}", "also_copy ="]
-    section += [f"    {p}" for p in others] + ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
+    section += [f"    {p}" for p in others + ["benchmarks"]] + ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in tests]
     section += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -q"]
     if module in DESELECT:
         section += ["    -k", f"    {DESELECT[module]}"]
@@ -115,24 +137,46 @@ def diff_line(root: Path, name: str) -> str:
     return f"{old}  ->  {new}"
 
 
+def mutant_patterns(module: str, functions: list[str]) -> list[str]:
+    """mutmut's names (fnmatch globs) for the mutants of ``functions`` in ``module``."""
+    dotted = module.removesuffix(".py").replace("/", ".")
+    out = []
+    for name in functions:
+        if "." in name:
+            cls, _, method = name.partition(".")
+            out.append(f"{dotted}.x\u01c1{cls}\u01c1{method}__mutmut_*")
+        else:
+            out.append(f"{dotted}.x_{name}__mutmut_*")
+    return out
+
+
 def run_module(module: str, tests: list[str], args: Args) -> dict:
+    import fnmatch
+
     root = scratch_copy(module, tests)
     start, cpu0 = time.monotonic(), os.times()
-    done = mutmut(root, "run", "--max-children", str(args.max_children))
+    patterns = mutant_patterns(module, FUNCTIONS.get(module, []))
+    done = mutmut(root, "run", "--max-children", str(args.max_children), *patterns)
     cpu1 = os.times()
     meta = root / "mutants" / (module + ".meta")
     if not meta.is_file():
         tail = (done.stdout + done.stderr)[-3000:]
         raise SystemExit(f"mutmut made no results for {module} (exit {done.returncode}):\n{tail}")
     codes = json.loads(meta.read_text())["exit_code_by_key"]
+    if patterns:
+        codes = {k: c for k, c in codes.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
     status = {name: STATUS.get(code, "suspicious") for name, code in codes.items()}
+    if done.returncode != 0 and all(s == "not checked" for s in status.values()):
+        tail = (done.stdout + done.stderr)[-3000:]
+        raise SystemExit(f"mutmut checked no mutant of {module} (exit {done.returncode}):\n{tail}")
     counts = Counter(status.values())
     survivors = {name: diff_line(root, name) for name, s in sorted(status.items()) if s in ("survived", "no tests")}
     row = {"module": module, "tests": tests, "mutants": len(status), **{k: counts.get(k, 0) for k in
            ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "not checked")},
            "wall_s": time.monotonic() - start, "date": time.strftime("%Y-%m-%d"),
            "cpu_s": (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system),
-           "survivors": {n: (status[n], d) for n, d in survivors.items()}}
+           "survivors": {n: (status[n], d) for n, d in survivors.items()},
+           "functions": FUNCTIONS.get(module, [])}
     scored = row["killed"] + row["survived"] + row["no tests"] + row["suspicious"] + row["timeout"]
     row["score"] = (row["killed"] + row["timeout"]) / scored if scored else None
     if args.keep:
@@ -172,6 +216,7 @@ def module_figures(row: dict) -> dict:
     out = {f"{key}.{name.replace(' ', '_')}": row[name] for name in COUNTS}
     out.update({f"{key}.score_pct": None if row["score"] is None else 100.0 * row["score"],
                 f"{key}.cpu_s": row["cpu_s"], f"{key}.date": row["date"],
+                f"{key}.functions": ", ".join(row.get("functions") or []),
                 f"{key}.survivors": "\n".join(f"{state}: {name}: {change}"
                                                for name, (state, change) in row["survivors"].items())})
     return out
@@ -182,7 +227,8 @@ def row_from_figures(module: str, figures: dict) -> dict | None:
     if f"{key}.mutants" not in figures:
         return None
     row = {"module": module, **{name: figures[f"{key}.{name.replace(' ', '_')}"] for name in COUNTS},
-           "cpu_s": figures[f"{key}.cpu_s"], "date": figures[f"{key}.date"], "survivors": {}}
+           "cpu_s": figures[f"{key}.cpu_s"], "date": figures[f"{key}.date"], "survivors": {},
+           "functions": [f for f in figures.get(f"{key}.functions", "").split(", ") if f]}
     pct = figures[f"{key}.score_pct"]
     row["score"] = None if pct is None else pct / 100.0
     for line in filter(None, figures[f"{key}.survivors"].split("\n")):
@@ -224,12 +270,14 @@ def measure(modules: list[str], args: Args, argv: list[str]) -> int:
     for row in rows:
         figures.update(module_figures(row))
         score = "n/a" if row["score"] is None else f"{100 * row['score']:.0f} %"
-        lines.append(f"| `{row['module']}` | {row['mutants']} | {row['killed']} | {row['survived']} | "
+        only = f" ({len(row['functions'])} functions)" if row.get("functions") else ""
+        lines.append(f"| `{row['module']}`{only} | {row['mutants']} | {row['killed']} | {row['survived']} | "
                      f"{row['no tests']} | {score} | {row['cpu_s']:.0f} | {row['date']} |")
     figures["table"] = "\n".join(lines[4:])
-    lines += ["", f"Total: {total['killed']} of {total['mutants']} killed ({figures['score_pct']:.1f} %), "
+    lines += ["", f"Total: {total['killed']} of {total['mutants']} killed ({figures['score_pct'] or 0:.1f} %), "
               f"{total['survived']} survived, {total['no tests']} reached by no test.", "",
-              "Survivors (`mutmut show <name>` in a `--keep` copy gives the whole diff):", "", "```"]
+              *[f"`{r['module']}` mutated only in: {', '.join(r['functions'])}." for r in rows if r.get("functions")],
+              "", "Survivors (`mutmut show <name>` in a `--keep` copy gives the whole diff):", "", "```"]
     for row in rows:
         for name, (state, change) in row["survivors"].items():
             lines.append(f"{state:9s} {name}: {change}")

@@ -200,20 +200,20 @@ class RequestGate:
     2. the body: over ``max_body_bytes`` (by ``Content-Length`` or while streaming) 413; a part
        later than ``read_timeout_s`` after the previous one, or the whole body not in within
        ``body_timeout_s``, 408;
-    3. the request runs with its whole body in hand; ``POST /call`` goes straight to ``answer``
-       (the server's ``/call``: FastAPI's routing and request objects cost a GRPO group's cached
-       calls as much as uvicorn itself), everything else to ``app`` (FastAPI);
+    3. the request runs with its whole body in hand, every endpoint ``POST /call`` included
+       through ``app`` (FastAPI's routing, request, response and exception handler): one request
+       path. (``/call`` once skipped FastAPI; ``benchmarks/results/call_route.md`` measured what
+       that saved beside a real tool call and it went.);
     4. a client that disconnects while its request waits (for an upload, a slot, a shared
        computation) ends it: nothing runs for nobody. A computation other requests share goes on.
     """
 
-    def __init__(self, app, settings: "ServerSettings", answer) -> None:
-        self.app, self.settings, self.answer = app, settings, answer
+    def __init__(self, app, settings: "ServerSettings", answer=None) -> None:
+        self.app, self.settings = app, settings  # ``answer``: unused (/call is routed by ``app``)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        from fastapi import HTTPException
         from starlette.datastructures import Headers
 
         headers = Headers(scope=scope)
@@ -257,17 +257,7 @@ class RequestGate:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            if scope["path"] == "/call" and scope["method"] == "POST":
-                try:
-                    status, content, media_type = await self.answer(headers, raw)
-                except HTTPException as e:  # the same {"detail": ...} as the app's handler, never echoing the token
-                    return await _plain(sent, e.status_code, e.detail)
-                await sent({"type": "http.response.start", "status": status,
-                            "headers": [(b"content-type", media_type.encode("latin-1")),
-                                        (b"content-length", str(len(content)).encode())]})
-                await sent({"type": "http.response.body", "body": content})
-            else:
-                await self.app(scope, replay, sent)
+            await self.app(scope, replay, sent)
         except asyncio.CancelledError:
             if not cancelled_by_us:
                 raise
@@ -792,12 +782,13 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
             arrivals.settle(service.store)
 
     @app.post("/call")
-    async def call(request: Request):  # for the OpenAPI schema: RequestGate answers POST /call itself
+    async def call(request: Request):  # its checks: RequestGate (before the body), then answer_call
         status, content, media_type = await answer_call(request.headers, await request.body())
+        if not isinstance(content, bytes):  # the router's upstream client hands its buffer on as is
+            content = bytes(content)
         return Response(content=content, status_code=status, media_type=media_type)
 
-    app.state.answer_call = answer_call
-    app.add_middleware(RequestGate, settings=settings, answer=answer_call)
+    app.add_middleware(RequestGate, settings=settings)
 
     @app.post("/call_batch")
     async def call_batch(request: Request):

@@ -331,11 +331,15 @@ class ProcessWorkers:
 # Ray actors
 # ==============================================================================================
 def ensure_ray(num_cpus: int | None = None):
-    """Start a local Ray unless one is already up: no dashboard, and Ray's own token auth as Ray
-    sets it for a new local cluster (on, with a token it keeps in ``~/.ray/auth_token``;
-    ``RAY_AUTH_MODE=disabled`` opts out, as the test suite does). Ray 2.60 offers no loopback-only
-    bind: its node takes the machine's address (``_node_ip_address="127.0.0.1"`` is turned back into
-    it) and its gRPC ports listen on every interface, so the token is what guards them."""
+    """Start a local Ray unless one is already up: no dashboard, every port on loopback only, and
+    Ray's own token auth as Ray sets it for a new local cluster (on, with a token it keeps in
+    ``~/.ray/auth_token``; ``RAY_AUTH_MODE=disabled`` opts out).
+
+    Loopback: Ray 2.60 turns ``_node_ip_address="127.0.0.1"`` back into the machine's address and
+    then its ``gcs_server``, ``raylet`` and workers listen on every interface. Its one switch to a
+    loopback node is ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read as ``ray_constants.ENABLE_RAY_CLUSTER``:
+    off, the node's address is ``127.0.0.1`` and the gRPC servers bind it), set here while the
+    local node starts. With ``RAY_ADDRESS`` set, ``ray.init`` joins that cluster and nothing is changed."""
     import ray
 
     if not ray.is_initialized():
@@ -343,9 +347,32 @@ def ensure_ray(num_cpus: int | None = None):
         for name in ("MEDVQA_CACHE", "RAY_AUTH_MODE"):
             if name in os.environ:
                 env_vars[name] = os.environ[name]
-        ray.init(num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": env_vars})
+        kwargs = dict(num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
+                      log_to_driver=False, runtime_env={"env_vars": env_vars})
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(**kwargs)
+        else:
+            with _loopback_ray():
+                ray.init(**kwargs)
     return ray
+
+
+@contextlib.contextmanager
+def _loopback_ray():
+    """While a local Ray node starts: its address is ``127.0.0.1`` (see :func:`ensure_ray`)."""
+    from ray._private import ray_constants
+
+    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    saved_env, saved = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = "0", False  # the node's processes inherit it
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
 
 
 class RayWorkers:

@@ -1,7 +1,8 @@
 """The env pool's local Ray (issue 40, attack 7): Ray's token auth is on unless the user opts out
-(``RAY_AUTH_MODE=disabled``, as the test suite does); the code before forced it off. (A loopback
-bind is not possible in Ray 2.60: see ``ensure_ray``.) Starts a real local Ray in a subprocess
-with its own ``HOME`` (the token file goes there): slow."""
+(``RAY_AUTH_MODE=disabled``); the code before forced it off. Every port the local node's
+processes (gcs_server, raylet, workers) listen on is a loopback one (before: ``*:PORT``, every
+interface). Starts a real local Ray in a subprocess with its own ``HOME`` (the token file goes
+there): slow."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """
-import json
+import json, os
+import psutil
 from medvqa_env.pool_backends import ensure_ray
 from ray._raylet import AuthenticationMode, get_authentication_mode
 ray = ensure_ray(num_cpus=1)
-print(json.dumps({"token": get_authentication_mode() == AuthenticationMode.TOKEN,
-                  "task": ray.get(ray.remote(lambda: 41 + 1).remote())}))
+task = ray.get(ray.remote(lambda: 41 + 1).remote())
+mine = {p.pid for p in psutil.Process().children(recursive=True)}
+listening = sorted({c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.pid in mine})
+print(json.dumps({"token": get_authentication_mode() == AuthenticationMode.TOKEN, "task": task,
+                  "listening": listening, "env_left": "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" in os.environ}))
 ray.shutdown()
 """
 
@@ -35,5 +40,6 @@ def test_the_pools_local_ray_has_token_auth_by_default(tmp_path, mode, token):
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report == {"token": token, "task": 42}
+    assert report["token"] == token and report["task"] == 42 and not report["env_left"]
+    assert report["listening"] and all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip in report["listening"]), report
     assert (tmp_path / ".ray" / "auth_token").exists() == token

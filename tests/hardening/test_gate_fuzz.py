@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import example, given, settings as hsettings, strategies as st
 
 from tool_backends.server import RequestGate, ServerSettings
 
@@ -56,6 +56,10 @@ def run_gate(chunks: list[bytes], length: str | None, path: str = "/call") -> tu
        length=st.one_of(st.none(), st.just("exact"), st.integers(0, 3 * LIMIT).map(str),
                         st.text("0123456789+- x", min_size=1, max_size=8)),
        path=st.sampled_from(["/call", "/call_batch", "/get_observation", "/nope"]))
+@example(chunks=[b"x" * (LIMIT - 1), b"y"], length=None, path="/call")  # the limits' edges, streamed
+@example(chunks=[b"x" * LIMIT, b"y"], length=None, path="/call")
+@example(chunks=[b"x" * LIMIT, b"y"], length="exact", path="/call")
+@example(chunks=[b"x" * LIMIT], length="exact", path="/call")
 def test_the_app_gets_exactly_the_body_or_the_client_a_4xx(chunks, length, path):
     whole = b"".join(chunks)
     declared = str(len(whole)) if length == "exact" else length

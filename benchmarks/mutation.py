@@ -283,7 +283,7 @@ def measure(modules: list[str], args: Args, argv: list[str]) -> int:
             lines.append(f"{state:9s} {name}: {change}")
     lines.append("```")
     full = {r["module"] for r in rows} == set(TARGETS)
-    keep = full or bool(args.results)
+    keep = full or bool(args.results) or args.update  # --update merges into the recorded run
     record("mutation", "\n".join(lines), figures, command, results if keep else None)
     if not keep:
         print("[mutation] a subset of the modules: nothing recorded (--update merges it into the recorded run; "

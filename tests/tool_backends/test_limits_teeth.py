@@ -301,3 +301,44 @@ def test_what_is_not_json_is_a_400_expected_a_json_body(body):
 
 def test_scalars_parse_as_themselves():
     assert parse_request_json(b"3") == 3 and parse_request_json(b'"s"') == "s" and parse_request_json(b"null") is None
+
+
+# ---------------------------------------------------------------- the descriptor checks, made deterministic
+def test_a_symlink_swapped_in_after_the_name_check_is_refused_at_open(root, tmp_path, monkeypatch):
+    """The race the name check cannot see: the name resolved inside, then became a symlink.
+    Simulated by a ``realpath`` that returns the name as given (the swap happened after it)."""
+    import tool_backends.limits as limits
+
+    os.symlink(root / "ok.bin", root / "swapped.bin")  # a link to a file *inside*: only O_NOFOLLOW refuses it
+    monkeypatch.setattr(limits.os.path, "realpath", lambda p, *a, **k: p)
+    with pytest.raises(PermissionError) as e:
+        read_under_roots(str(root / "swapped.bin"), [str(root)], max_bytes=100)
+    assert str(e.value) == f"image path {str(root / 'swapped.bin')!r} changed into a symlink while it was opened"
+
+
+def test_a_folder_swapped_for_a_link_out_is_refused_from_the_descriptors_own_path(root, tmp_path, monkeypatch):
+    """The name passed its check (inside), but the descriptor the kernel opened is outside."""
+    import tool_backends.wire as wire
+
+    os.symlink(tmp_path, root / "linkdir")  # root/linkdir/outside.bin is tmp_path/outside.bin
+    real_is_under, calls = wire.is_under, []
+
+    def first_check_passes(path, roots):
+        calls.append(path)
+        return True if len(calls) == 1 else real_is_under(path, roots)
+    monkeypatch.setattr(wire, "is_under", first_check_passes)
+    # refused, naming the roots; as a 400 today: the PermissionError raised inside the read's
+    # ``try`` is an OSError, which its ``except OSError`` turns into a WireError (the docstring says 403)
+    with pytest.raises((PermissionError, WireError), match="is not under this server's image roots"):
+        read_under_roots(str(root / "linkdir" / "outside.bin"), [str(root)], max_bytes=100)
+    assert len(calls) == 2 and calls[1] == str(tmp_path / "outside.bin")
+
+
+def test_a_file_that_reads_longer_than_its_size_is_cut_at_the_limit():
+    """``/proc`` files report size 0 and read on: the read itself stops at ``max_bytes``."""
+    data = read_under_roots("/proc/self/status", ["/proc/self"], max_bytes=1 << 16)
+    assert data.startswith(b"Name:") and len(data) > 100
+    with pytest.raises(WireError) as e:
+        read_under_roots("/proc/self/status", ["/proc/self"], max_bytes=100)
+    assert str(e.value) == "image file '/proc/self/status' is over the limit of 100 bytes"
+    assert read_under_roots("/proc/self/status", ["/proc/self"], max_bytes=len(data) + 50)[:5] == b"Name:"

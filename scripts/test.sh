@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 if [[ $# -eq 0 ]]; then
   set -- -m "not slow"
 fi

@@ -36,7 +36,6 @@ def vqa_rad_root() -> Path:
 def _offline_and_cache(tmp_path_factory):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("MEDVQA_CACHE", str(tmp_path_factory.mktemp("medvqa-cache")))
     yield
 

@@ -13,7 +13,11 @@
 # Environment: RECORD (the native protocol's protocol.json; default benchmarks/runs/protocol/closed's),
 # NATIVE (its work folder, where its warm starts are; default runs/protocol/closed), B (work folder),
 # D (where the record's files go; default the record's folder + _verl), SEEDS ("0 1 2 3 4"), STEPS (30),
-# BATCH (8 questions), N (8 rollouts each), EVAL (200). A machine whose tool builds differ from the
+# BATCH (8 questions), N (8 rollouts each), EVAL (200). The reward and the update are not settable here:
+# the format penalty, the KL coefficient, the learning rate and the sampling temperature are the record's
+# own (train.protocol.recorded_args; a record made before issue 42 ran with format_penalty 0), so every
+# reward-trained run of a protocol gets the same reward (tests/train/test_verl_launcher_settings.py).
+# DRY_RUN=1 prints them and each seed's verl arguments, and runs nothing. A machine whose tool builds differ from the
 # record's (their content hashes say so: float kernels differ between CPUs) runs the native protocol
 # itself first and points RECORD at its export, so that verl's seed k meets the native seed k's build.
 #
@@ -26,12 +30,13 @@
 #   --prompts_per_step 8        -> data.train_batch_size=$BATCH
 #   --group_size 8              -> actor_rollout_ref.rollout.n=$N
 #   on-policy, 1 update/step    -> actor.ppo_mini_batch_size=$BATCH (= train batch), actor.ppo_epochs=1
-#   --temperature 0.7           -> actor_rollout_ref.rollout.temperature=0.7
-#   --lr 5e-4                   -> actor.optim.lr=5e-4 (constant, no warm-up: lr_warmup_steps_ratio=0)
+#   --temperature (the record's)-> actor_rollout_ref.rollout.temperature=$TEMPERATURE
+#   --lr (the record's grpo_lr) -> actor.optim.lr=$LR (constant, no warm-up: lr_warmup_steps_ratio=0)
 #   --weight_decay 0 (default)  -> actor.optim.weight_decay=0 (verl's default is 0.01)
 #   --max_grad_norm 1 (default) -> actor.optim.clip_grad=1.0
 #   AdamW betas (0.9, 0.999)    -> actor.optim.betas (verl's default, the same)
-#   k3 KL 0.01 (capped)         -> actor.use_kl_loss=true, kl_loss_coef=0.01, kl_loss_type=low_var_kl
+#   --kl_coef (the record's)    -> actor.use_kl_loss=true, kl_loss_coef=$KL, kl_loss_type=low_var_kl (k3, capped)
+#   --format_penalty (record's) -> medvqa.env.format_penalty=$FORMAT_PENALTY (a turn that neither calls nor answers)
 #   clip 0.2/0.2, dual clip 3   -> actor.clip_ratio_low/high=0.2, clip_ratio_c=3 (verl's defaults)
 #   token-mean                  -> actor.loss_agg_mode=token-mean
 #   GRPO adv, unbiased std      -> algorithm.adv_estimator=grpo, norm_adv_by_std_in_grpo=true
@@ -55,7 +60,7 @@
 # evaluation also runs image ablations (blank, shuffle) at the end; verl's validation has none.
 set -euo pipefail
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
-PY=.venv-verl/bin/python
+PY=${PY:-.venv-verl/bin/python}
 RECORD=${RECORD:-benchmarks/runs/protocol/closed/protocol.json}
 NATIVE=${NATIVE:-runs/protocol/closed}
 B=${B:-runs/protocol/closed_verl}
@@ -66,9 +71,24 @@ BATCH=${BATCH:-8}
 N=${N:-8}
 EVAL=${EVAL:-200}
 MICRO=$(( BATCH * N < 64 ? BATCH * N : 64 ))  # verl wants the batch divisible by it
-BUILDS=$($PY -c "import json; print(json.load(open('$RECORD'))['args']['tool_builds'])")
-mkdir -p "$B" "$D"
-B=$(cd "$B" && pwd)
+# the record's own settings (what its native GRPO runs were given): BUILDS FORMAT_PENALTY KL LR TEMPERATURE
+SETTINGS=$($PY - "$RECORD" <<'EOF'
+import json, sys
+from pathlib import Path
+from train.protocol import recorded_args
+a = recorded_args(json.load(open(sys.argv[1]))["args"], Path(sys.argv[1]).parent)
+print(a.tool_builds, a.format_penalty, a.kl_coef, a.grpo_lr, a.temperature)
+EOF
+)
+read -r BUILDS FORMAT_PENALTY KL LR TEMPERATURE <<< "$SETTINGS"
+build_of() {  # the tool build (and warm start) of seed $1, as train.protocol.build_of: its own with tool_builds 0
+  if (( BUILDS > 0 )); then echo $(( $1 % BUILDS )); else echo "$1"; fi
+}
+DRY_RUN=${DRY_RUN:-0}
+if [[ $DRY_RUN != 1 ]]; then
+  mkdir -p "$B" "$D"
+  B=$(cd "$B" && pwd)
+fi
 identity() {  # identity tools|warm BUILD: the record's ground-tool hash / warm-start checkpoint
   $PY - "$RECORD" "$1" "$2" <<'EOF'
 import json, sys
@@ -79,6 +99,44 @@ else:
     print(ident["warm_starts"][build]["checkpoint"])
 EOF
 }
+
+verl_argv() {  # verl_argv SEED BUILD OUT: one seed's train.verl_integration.launch arguments, in ARGV
+  local seed=$1 build=$2 out=$3
+  ARGV=(
+    --device cpu --output-dir "$out"
+    --train-files "$B/data/train.parquet" --val-files "$B/data/val.parquet"
+    actor_rollout_ref.model.path="$B/policy_b$build" medvqa.checkpoint_settings=true
+    medvqa.env.dataset=embedded medvqa.env.dataset_options.n=800 medvqa.env.tools.ground.engine=trained
+    medvqa.env.tools.ground.seed="$build" "medvqa.env.tools.ground.content_hash='$(identity tools "$build")'"
+    medvqa.env.max_turns=1 medvqa.env.format_penalty="$FORMAT_PENALTY" actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2
+    actor_rollout_ref.rollout.multi_turn.max_user_turns=1 medvqa.max_action_length=32 medvqa.max_obs_length=256
+    data.max_prompt_length=1024 data.max_response_length=512 actor_rollout_ref.rollout.max_model_len=1600
+    data.train_batch_size="$BATCH" actor_rollout_ref.rollout.n="$N" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
+    actor_rollout_ref.actor.ppo_epochs=1 actor_rollout_ref.rollout.temperature="$TEMPERATURE"
+    actor_rollout_ref.rollout.val_kwargs.temperature=0 actor_rollout_ref.rollout.val_kwargs.do_sample=false
+    actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.optim.weight_decay=0
+    actor_rollout_ref.actor.optim.clip_grad=1.0 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0
+    actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef="$KL"
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.loss_agg_mode=token-mean
+    actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.2
+    actor_rollout_ref.actor.clip_ratio_c=3.0 algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=true
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO"
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO"
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$MICRO"
+    data.seed="$seed" actor_rollout_ref.rollout.seed="$seed"
+    trainer.total_training_steps="$STEPS" trainer.total_epochs=100 'trainer.logger=[console,file]'
+    trainer.save_freq=-1 trainer.test_freq=5 trainer.val_before_train=true
+    trainer.default_local_dir="$out/checkpoints" medvqa.episode_log_dir="$out/episodes"
+  )
+}
+if [[ $DRY_RUN == 1 ]]; then  # what every seed would be given, nothing run
+  echo "record $RECORD: tool_builds=$BUILDS format_penalty=$FORMAT_PENALTY kl_coef=$KL grpo_lr=$LR temperature=$TEMPERATURE"
+  for seed in $SEEDS; do
+    verl_argv "$seed" "$(build_of "$seed")" "$B/verl_s$seed"
+    printf 'seed %s:' "$seed"; printf ' %q' "${ARGV[@]}"; echo
+  done
+  exit 0
+fi
 
 # 1. each build's warm start, checked against the record, widened for vLLM-CPU (same logits). A record
 # with policy_sha256 (train.checkpoint.policy_sha256) is checked by it; an older one names the whole
@@ -104,7 +162,7 @@ sys.exit(0 if same_log and same_answers else f"error: {native / run} is not the 
 EOF
 }
 for seed in $SEEDS; do
-  build=$(( seed % BUILDS ))
+  build=$(build_of "$seed")
   policy=$B/policy_b$build
   [[ -f $policy/medvqa_widened.json ]] && continue
   checkpoint=$(identity warm "$build")
@@ -127,35 +185,13 @@ fi
 # 3. one verl run per seed, its CPU seconds sampled over every process it starts (Ray's included)
 for seed in $SEEDS; do
   out=$B/verl_s$seed
-  build=$(( seed % BUILDS ))
+  build=$(build_of "$seed")
   if [[ -f $out/cpu.json ]] && grep -q '"rc": 0' "$out/cpu.json"; then continue; fi
   rm -rf "$out"
   mkdir -p "$out"
+  verl_argv "$seed" "$build" "$out"
   nice -n 5 $PY -m train.verl_integration.tree_cpu --out "$out/cpu.json" -- \
-    $PY -m train.verl_integration.launch --device cpu --output-dir "$out" \
-    --train-files "$B/data/train.parquet" --val-files "$B/data/val.parquet" \
-    actor_rollout_ref.model.path="$B/policy_b$build" medvqa.checkpoint_settings=true \
-    medvqa.env.dataset=embedded medvqa.env.dataset_options.n=800 medvqa.env.tools.ground.engine=trained \
-    medvqa.env.tools.ground.seed="$build" "medvqa.env.tools.ground.content_hash='$(identity tools "$build")'" \
-    medvqa.env.max_turns=1 actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2 \
-    actor_rollout_ref.rollout.multi_turn.max_user_turns=1 medvqa.max_action_length=32 medvqa.max_obs_length=256 \
-    data.max_prompt_length=1024 data.max_response_length=512 actor_rollout_ref.rollout.max_model_len=1600 \
-    data.train_batch_size="$BATCH" actor_rollout_ref.rollout.n="$N" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH" \
-    actor_rollout_ref.actor.ppo_epochs=1 actor_rollout_ref.rollout.temperature=0.7 \
-    actor_rollout_ref.rollout.val_kwargs.temperature=0 actor_rollout_ref.rollout.val_kwargs.do_sample=false \
-    actor_rollout_ref.actor.optim.lr=5e-4 actor_rollout_ref.actor.optim.weight_decay=0 \
-    actor_rollout_ref.actor.optim.clip_grad=1.0 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0 \
-    actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.01 \
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.loss_agg_mode=token-mean \
-    actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.2 \
-    actor_rollout_ref.actor.clip_ratio_c=3.0 algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=true \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO" \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO" \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$MICRO" \
-    data.seed="$seed" actor_rollout_ref.rollout.seed="$seed" \
-    trainer.total_training_steps="$STEPS" trainer.total_epochs=100 'trainer.logger=[console,file]' \
-    trainer.save_freq=-1 trainer.test_freq=5 trainer.val_before_train=true \
-    trainer.default_local_dir="$out/checkpoints" medvqa.episode_log_dir="$out/episodes" \
+    $PY -m train.verl_integration.launch "${ARGV[@]}" \
     > "$out/launch.log" 2>&1 || { tail -40 "$out/launch.log"; exit 1; }
 done
 
@@ -164,7 +200,7 @@ portable() {  # a record holds no absolute path of this machine: the checkout ->
   sed -e "s|$PWD/||g" -e "s|: $PWD\$|: .|" -e "s|/tmp/|<scratch>/|g" "$1"
 }
 for seed in $SEEDS; do
-  build=$(( seed % BUILDS ))
+  build=$(build_of "$seed")
   portable "$B/policy_b$build/medvqa_widened.json" > "$D/medvqa_widened_b$build.json"
   cp "$B/policy_b$build/config.json" "$D/policy_config.json"
 done

@@ -140,9 +140,11 @@ def _choose(runs: Sequence[tuple[str, EvalSummary]], select: str) -> Selection:
                          "the runner-up is within noise cannot be told.")
     else:
         overlapping = []
-        for n, _ in scored:
+        for n, score in scored:
             olo, ohi = selection_interval(summaries[n], select)
-            if olo is None or (olo <= hi and lo <= ohi):
+            # a run without an interval of its own (too few questions of a type) is within noise
+            # only if its score lies within the best's interval: its point cannot overlap otherwise
+            if (olo is None and score >= lo) or (olo is not None and olo <= hi and lo <= ohi):
                 overlapping.append(n)
         if overlapping:
             out.tied, out.within_noise = [lead, *overlapping], True

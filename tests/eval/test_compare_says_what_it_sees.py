@@ -91,3 +91,17 @@ def test_runs_with_different_failure_counts_are_ranked_only_with_a_word(tmp_path
     assert "warning: runs differ in failed episodes: clean=0, broken=1 {'dataset_error': 1}" in captured.err
     assert "Failures differ: clean 0, broken 1 failed episodes" in captured.out and "not like for like" in captured.out
     assert "1 failed episodes" in next(line for line in captured.out.splitlines() if line.startswith("| broken |"))
+
+
+def test_a_run_without_an_interval_is_within_noise_only_if_its_score_is_inside_the_best_interval():
+    """The VQA-RAD baselines table: the oracle (1.000 [1.000, 1.000]) was called a tie within noise
+    with a 12-question SmolLM2 row scoring 0.000 with no interval of its own -- a run without an
+    interval counted as overlapping whatever its score. A point overlaps only inside the interval."""
+    best = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.90, 0.85, 0.95, 200)))
+    far = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.10, None, None, 1)))
+    near = EvalSummary(overall=GroupSummary(closed_accuracy=MetricValue(0.86, None, None, 1)))
+    sel = choose([("best", best), ("far", far)], "closed")
+    assert (sel.selected, sel.within_noise, sel.tied) == ("best", False, [])
+    sel = choose([("best", best), ("near", near), ("far", far)], "closed")
+    assert (sel.selected, sel.within_noise, sel.tied) == (None, True, ["best", "near"])
+    assert "runner-up near" in sel.notes[0]

@@ -18,6 +18,7 @@ modality (OPEN or MCQ) and a second presence question. MCQ answer letters are ba
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -34,9 +35,9 @@ from medvqa_env.records import Annotations, AnswerType, Box, VQADataset, VQAReco
 
 VERSION = "v2"  # bump whenever the generator's output changes
 QUESTIONS_PER_IMAGE = 4
-SPLIT_SIZES = {"train": 800, "val": 100, "test": 200}  # questions
-SPLIT_CODES = {"train": 1, "val": 2, "test": 3}
-SPLIT_ALIASES = {"validation": "val", "valid": "val", "validate": "val", "dev": "val"}
+SPLIT_SIZES = {"train": 800, "val": 100, "test": 200, "test_ood": 200}  # questions
+SPLIT_CODES = {"train": 1, "val": 2, "test": 3, "test_ood": 4}
+SPLIT_ALIASES = {"validation": "val", "valid": "val", "validate": "val", "dev": "val", "ood": "test_ood"}
 DEFAULT_SEED = 0
 LETTERS = "ABCD"
 MANIFEST = "manifest.json"
@@ -51,6 +52,22 @@ Q_QUADRANT_ONE = "In which quadrant of the image is the lesion?"
 Q_QUADRANT_MANY = "In which quadrant of the image is the largest lesion?"
 Q_MODALITY_OPEN = "What is the imaging modality?"
 Q_MODALITY_MCQ = "Which imaging modality was used to acquire this image?"
+
+# ``test_ood``: test-like scenes asked in wordings no other split uses (a phrasing shift: a policy
+# that learned to read its tool, not one sentence, should not notice). The k-th question of a kind
+# takes wording ``k mod len``. Every wording keeps the word the gold tool call keys on ("lesion",
+# "modality"), so a forced gold call still applies.
+OOD_WORDINGS = {
+    "count": ("What is the number of lesions in this scan?", "Count the lesions shown in the image."),
+    "presence": ("Does the {host} contain a lesion?", "Is a lesion present in the {host}?",
+                 "Can a lesion be seen in the {host}?"),
+    "organ_one": ("In which organ is the lesion located?", "Name the organ that holds the lesion."),
+    "organ_many": ("In which organ is the biggest lesion located?", "Name the organ that holds the biggest lesion."),
+    "quadrant_one": ("Where in the image is the lesion: which quadrant?",),
+    "quadrant_many": ("Where in the image is the biggest lesion: which quadrant?",),
+    "modality_open": ("Which modality produced this image?",),
+    "modality_mcq": ("Which modality was this scan acquired with?",),
+}
 
 
 def default_cache_root() -> Path:
@@ -133,33 +150,51 @@ def _presence(rng, scene: ph.Scene, balancer: _Balancer, exclude: set[str]) -> t
     return host, yes
 
 
-def _questions(rng, scene: ph.Scene, balancer: _Balancer) -> Iterator[dict[str, Any]]:
-    """The four questions of one image, as record fields."""
+class _Wording:
+    """The question text of each kind: the usual template, or (``test_ood``) the held-out wordings
+    in turn, prefix-stable (the k-th question of a kind always gets the same one)."""
+
+    def __init__(self, wordings: dict[str, tuple[str, ...]] | None) -> None:
+        self.wordings = wordings
+        self.used: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, kind: str, usual: str) -> str:
+        if self.wordings is None:
+            return usual
+        options = self.wordings[kind]
+        text = options[self.used[kind] % len(options)]
+        self.used[kind] += 1
+        return text
+
+
+def _questions(rng, scene: ph.Scene, balancer: _Balancer, wording: _Wording | None = None) -> Iterator[dict[str, Any]]:
+    """The four questions of one image, as record fields (``wording``: ``test_ood``'s)."""
+    say = wording or _Wording(None)
     n = len(scene.lesions)
     count_opts = {L: str(i) for i, L in enumerate(LETTERS)}
-    yield dict(question=Q_COUNT, answer=LETTERS[n], answer_type=AnswerType.MCQ, options=count_opts,
+    yield dict(question=say("count", Q_COUNT), answer=LETTERS[n], answer_type=AnswerType.MCQ, options=count_opts,
                question_type="COUNT", template="count")
     host, yes = _presence(rng, scene, balancer, set())
-    yield dict(question=Q_PRESENCE.format(host=host), answer="yes" if yes else "no",
+    yield dict(question=say("presence", Q_PRESENCE).format(host=host), answer="yes" if yes else "no",
                answer_type=AnswerType.CLOSED, question_type="PRES", template="presence")
     if n:
         big = scene.largest
-        yield dict(question=Q_ORGAN_ONE if n == 1 else Q_ORGAN_MANY, answer=big.host,
+        yield dict(question=say("organ_one", Q_ORGAN_ONE) if n == 1 else say("organ_many", Q_ORGAN_MANY), answer=big.host,
                    answer_type=AnswerType.OPEN, question_type="ORGAN", template="organ")
         options, letter = _mcq(rng, balancer, "quadrant", big.quadrant, [q for q in ph.QUADRANTS if q != big.quadrant])
-        yield dict(question=Q_QUADRANT_ONE if n == 1 else Q_QUADRANT_MANY, answer=letter,
+        yield dict(question=say("quadrant_one", Q_QUADRANT_ONE) if n == 1 else say("quadrant_many", Q_QUADRANT_MANY), answer=letter,
                    answer_type=AnswerType.MCQ, options=options, question_type="POS", template="quadrant")
     else:
         if rng.random() < 0.5:
-            yield dict(question=Q_MODALITY_OPEN, answer=scene.modality, answer_type=AnswerType.OPEN,
+            yield dict(question=say("modality_open", Q_MODALITY_OPEN), answer=scene.modality, answer_type=AnswerType.OPEN,
                        question_type="MODALITY", template="modality_open")
         else:
             options, letter = _mcq(rng, balancer, "modality_mcq", scene.modality,
                                    [m for m in MODALITY_CHOICES if m != scene.modality])
-            yield dict(question=Q_MODALITY_MCQ, answer=letter, answer_type=AnswerType.MCQ, options=options,
+            yield dict(question=say("modality_mcq", Q_MODALITY_MCQ), answer=letter, answer_type=AnswerType.MCQ, options=options,
                        question_type="MODALITY", template="modality_mcq")
         host2, yes2 = _presence(rng, scene, balancer, {host})
-        yield dict(question=Q_PRESENCE.format(host=host2), answer="yes" if yes2 else "no",
+        yield dict(question=say("presence", Q_PRESENCE).format(host=host2), answer="yes" if yes2 else "no",
                    answer_type=AnswerType.CLOSED, question_type="PRES", template="presence")
 
 
@@ -233,6 +268,7 @@ def _generate(folder: Path, split: str, seed: int, n_images: int) -> list[dict[s
     except OSError as e:
         raise DatasetError(f"embedded: cannot create the cache folder {str(folder)!r}: {e}") from None
     balancer = _Balancer()
+    wording = _Wording(OOD_WORDINGS if split == "test_ood" else None)
     rows: list[dict[str, Any]] = []
     for i in range(n_images):
         rng = _image_rng(seed, split, i)
@@ -249,7 +285,7 @@ def _generate(folder: Path, split: str, seed: int, n_images: int) -> list[dict[s
         lesions = [{"host": l.host, "bbox": list(ph.mask_bbox(l.mask)), "radius": l.radius,
                     "contrast": round(l.contrast, 1), "quadrant": l.quadrant, "subtle": l.subtle}
                    for l in scene.lesions]
-        for q in _questions(rng, scene, balancer):
+        for q in _questions(rng, scene, balancer, wording):
             rows.append({
                 "id": f"embedded_{split}_{len(rows):04d}", "image_paths": [image_rel],
                 "question": q["question"], "answer": q["answer"], "answer_type": q["answer_type"].value,
@@ -279,8 +315,10 @@ def load_embedded(split: str = "test", root: str | Path | None = None, n: int | 
     """The embedded synthetic dataset.
 
     Args:
-        split: ``"train"`` (800 questions), ``"val"`` (100) or ``"test"`` (200); images of
-            different splits are drawn from different random streams and never shared.
+        split: ``"train"`` (800 questions), ``"val"`` (100), ``"test"`` (200) or ``"test_ood"``
+            (200, alias ``"ood"``: test-like scenes asked in wordings no other split uses, see
+            :data:`OOD_WORDINGS`); images of different splits are drawn from different random
+            streams and never shared.
         root: cache folder (default: see :func:`default_cache_root`).
         n: number of questions (default: the split's size). Any ``n`` gives a prefix of the
             same sequence, so ``n=40`` is the first 40 questions of ``n=800``.

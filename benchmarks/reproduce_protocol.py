@@ -77,6 +77,32 @@ def figures_of(result: dict) -> dict:
     return fig
 
 
+def took_off_failure(result: dict) -> str | None:
+    """One line naming the GRPO seeds that did not take off (``train.protocol.took_off``: sampled tool
+    calls on at least half of the last step's rollouts and held-out accuracy above the answer
+    baselines' bound), or ``None`` when every seed the protocol ran did. Checked on its own, not
+    only against the reference: a reference in which a seed did not take off guards nothing."""
+    grpo = result["rows"].get("grpo")
+    seeds = [s for s in str(result["args"]["seeds"]).split(",") if s.strip()]
+    if not grpo:
+        return f"FAIL: GRPO did not take off: no GRPO row (0 of {len(seeds)} seeds finished)"
+    per_seed = {str(k): v for k, v in grpo["per_seed"].items()}
+    bound = grpo.get("answer_bound")
+    missed = [s for s in seeds if not per_seed.get(s, {}).get("took_off")]
+    if not missed:
+        return None
+
+    def why(seed: str) -> str:
+        row = per_seed.get(seed)
+        if row is None:
+            return f"seed {seed}: no finished run"
+        rate = row.get("sampled_call_rate_last")
+        held = f"held-out {row['metric']:.3f}" + (f" vs bound {bound:.3f}" if bound is not None else "")
+        return f"seed {seed}: sampled calls {'none logged' if rate is None else f'{rate:.2f}'} at the last step, {held}"
+    return (f"FAIL: GRPO did not take off on {len(missed)} of {len(seeds)} seeds ({'; '.join(map(why, missed))}): "
+            "the small protocol no longer shows learning")
+
+
 def compare(got: dict, reference: dict) -> list[tuple[str, object, object, bool | None]]:
     """One ``(name, reference, rerun, within tolerance)`` per reference figure; ``None`` for the
     tools' hashes, shown and not compared: bit-identical builds are only expected on one machine
@@ -92,6 +118,16 @@ def compare(got: dict, reference: dict) -> list[tuple[str, object, object, bool 
             ok = value == ref
         rows.append((name, ref, value, ok))
     return rows
+
+
+def shown_only(name: str) -> bool:
+    """A reference figure kept for the reader, not compared: cost, commit, each GRPO seed's figures.
+
+    >>> [shown_only(k) for k in ("wall_min", "grpo.seed1.heldout", "grpo.seeds", "grpo.mean")]
+    [True, True, False, False]
+    """
+    return name in ("wall_min", "cpu_min", "git_commit", "git_dirty", "grpo.answer_bound") or name.startswith("grpo.seed") \
+        and name != "grpo.seeds"
 
 
 def cpu_minutes(folder: Path | None) -> float | None:
@@ -117,20 +153,33 @@ def main(argv: list[str] | None = None) -> int:
         cpu = cpu_minutes(folder / "protocol")
     wall = time.perf_counter() - t0
     got = figures_of(result)
+    failure = took_off_failure(result)
     if args.record:
+        if failure:  # a reference in which GRPO did not take off cannot guard learning
+            print(f"\n{failure}; not recorded ({wall / 60:.1f} min wall)")
+            return 1
+        code = result["identity"]["code"]
+        if code.get("git_dirty") or not code.get("git_commit"):  # a reference names the commit that made it
+            print(f"\nnot recorded: the code that ran has uncommitted changes or no commit ({code.get('git_commit')}); "
+                  "record from a clean checkout (git worktree add DIR HEAD, PYTHONPATH=DIR)")
+            return 1
         lines = ["## Small learning protocol (reference for `benchmarks/reproduce_protocol.py`)", "",
                  "`python benchmarks/reproduce_protocol.py`: the protocol with `" + " ".join(FLAGS) + "` from scratch "
                  f"(tool builds included): {cpu} CPU minutes over its runs (`runs.jsonl`), {wall / 60:.1f} min wall "
                  f"for this invocation on this machine; a rerun must land within {TOLERANCE} of each mean, and "
                  "as many GRPO seeds must take off.", "", "| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in got.items()]
+        for seed, row in sorted(result["rows"]["grpo"]["per_seed"].items()):  # shown, not compared
+            got[f"grpo.seed{seed}.call_rate_last"] = row.get("sampled_call_rate_last")
+            got[f"grpo.seed{seed}.heldout"] = row["metric"]
+        got["grpo.answer_bound"] = result["rows"]["grpo"].get("answer_bound")
         got.update({"wall_min": round(wall / 60, 1), "cpu_min": cpu,
                     "git_commit": result["identity"]["code"]["git_commit"],
                     "git_dirty": int(bool(result["identity"]["code"]["git_dirty"]))})
         record(TOPIC, "\n".join(lines) + "\n", got, command_line("reproduce_protocol.py", argv), results)
         return 0
     recorded = json.loads((results / f"{TOPIC}.json").read_text())
-    reference = {k: v for k, v in recorded["figures"].items() if k not in ("wall_min", "cpu_min", "git_commit", "git_dirty")}
+    reference = {k: v for k, v in recorded["figures"].items() if not shown_only(k)}
     rows = compare(got, reference)
     print(f"\nreference: {recorded['meta'].get('machine')}; this rerun: {machine()}")
     print(f"\n| figure | reference | rerun | within {TOLERANCE} |\n|---|---|---|---|")
@@ -141,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     compared = [r for r in rows if r[3] is not None]
     print(f"\nfigures within tolerance: {len(compared) - len(bad)}; outside: {len(bad)} (rerun in {wall / 60:.1f} min wall, "
           f"{cpu} CPU min)")
-    return 1 if bad else 0
+    if failure:
+        print(failure)
+    return 1 if bad or failure else 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ r"""GRPO-family advantage estimators and policy losses, in two decorator registr
 Every advantage estimator has one signature, ``fn(inp: AdvantageInput, cfg: AlgoConfig) -> Tensor[B]``
 (one advantage per rollout, later broadcast over its tokens); every policy loss has one signature,
 ``fn(inp: LossInput, cfg: AlgoConfig) -> (loss, metrics)``. An *algorithm* (``grpo``, ``drgrpo``,
-``dapo``, ``gspo``, ``grasp``) is a pair of the two plus its default settings.
+``dapo``, ``gspo``, ``grasp``, and the ``rft`` baseline) is a pair of the two plus its default settings.
 
 >>> rewards = torch.tensor([1.0, -1.0, 1.0, 1.0])
 >>> groups = torch.tensor([0, 0, 1, 1])
@@ -12,7 +12,7 @@ tensor([ 0.7071, -0.7071,  0.0000,  0.0000])
 >>> get_advantage("grop")
 Traceback (most recent call last):
 ...
-medvqa_env.errors.ConfigError: Unknown advantage 'grop'. Available: ['drgrpo', 'grasp_egc', 'grpo']. Did you mean 'grpo'?
+medvqa_env.errors.ConfigError: Unknown advantage 'grop'. Available: ['drgrpo', 'grasp_egc', 'grpo', 'rejection']. Did you mean 'grpo'?
 """
 
 from __future__ import annotations
@@ -254,6 +254,21 @@ def egc_correction(correct: torch.Tensor, group_index: torch.Tensor, running_acc
     return torch.where(acc <= 0.0, torch.full_like(acc, -scale * ra), out)
 
 
+@register_advantage("rejection")
+def rejection_advantage(inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
+    """Rejection sampling (the ``rft`` baseline): 1 for a rollout whose answer is correct, 0 for the
+    rest -- by ``correct`` when given (shaping and format penalties do not move it), else by a
+    positive reward. No group centring: a group whose every answer is right still teaches.
+
+    >>> inp = AdvantageInput(torch.tensor([0.8, -1.0, 1.0]), torch.tensor([0, 0, 1]), torch.tensor([1., 0., 1.]))
+    >>> rejection_advantage(inp, AlgoConfig()).tolist()
+    [1.0, 0.0, 1.0]
+    """
+    if inp.correct is not None:
+        return (inp.correct > 0).float()
+    return (inp.rewards > 0).float()
+
+
 def compute_advantages(name: str, inp: AdvantageInput, cfg: AlgoConfig) -> torch.Tensor:
     """Look up estimator ``name`` and apply it."""
     return get_advantage(name)(inp, cfg)
@@ -408,6 +423,8 @@ class Algorithm:
     """DAPO: tokens per turn of the soft overlong penalty (0 = off)."""
     needs_sft_branch: bool = False
     """GRASP: also build gold-answer sequences for the SFT branch."""
+    keep_rewarded: bool = False
+    """RFT: update on the rollouts with a positive advantage only (the rest are dropped, not pushed down)."""
 
 
 # Loss aggregation per preset (``--loss_agg`` overrides it):
@@ -422,6 +439,12 @@ class Algorithm:
 #   verl's GSPO docstring recommends this mode.
 # * grasp: ``seq-mean-token-mean``: seed 002 App. A, "the main run averages policy gradients over
 #   rollouts" (its RL branch is GSPO).
+# * rft: online rejection-sampling fine-tuning (RAFT-style), the baseline issue 46 asks for: each
+#   step samples exactly as GRPO does (same questions, group size, temperature), keeps the episodes
+#   whose answer is right and takes one step of cross-entropy on their sampled tokens. It is the
+#   ``grpo`` loss at ratio 1 with advantage 1 on the kept rollouts: ``-d/dtheta exp(logp - sg(logp))
+#   = -d logp``, token-mean over the kept tokens, i.e. SFT on them (log-probs at the sampling
+#   temperature, the trainer's one log-prob path); KL to the reference as every reward-trained run.
 ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm("grpo", "grpo", AlgoConfig(loss_agg="token-mean")),
     "drgrpo": Algorithm("drgrpo", "grpo", AlgoConfig(std_normalize=False, loss_agg="seq-mean-token-sum-norm")),
@@ -430,6 +453,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "gspo": Algorithm("grpo", "gspo", AlgoConfig(clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean")),
     "grasp": Algorithm("grasp_egc", "grasp", AlgoConfig(clip_low=3e-4, clip_high=4e-4, loss_agg="seq-mean-token-mean"),
                        needs_sft_branch=True),
+    "rft": Algorithm("rejection", "grpo", AlgoConfig(loss_agg="token-mean"), keep_rewarded=True),
 }
 
 

@@ -5,7 +5,7 @@
         --dataset vqa_rad --dataset-opt root=/data/vqa_rad --steps 200 --out runs/grpo
 
 Reads top to bottom: config -> env factory -> policy -> loop (rollout -> advantages -> update ->
-log/eval/checkpoint). ``--algo`` picks GRPO, Dr.GRPO, DAPO, GSPO or GRASP from
+log/eval/checkpoint). ``--algo`` picks GRPO, Dr.GRPO, DAPO, GSPO, GRASP or the RFT baseline from
 :mod:`train.algorithms`; ``--engine verl`` hands the same arguments to the verl + Ray launcher.
 Every ``--save-every`` steps ``out/checkpoints/step_N`` is an HF folder ``eval.run`` loads. A
 killed run resumes from its last checkpoint (``--resume``, the default); a rerun with other
@@ -97,7 +97,8 @@ class Args:
     env_workers: int = 2
     """worker processes / Ray actors for ``env_pool=process|ray`` (a GRPO group stays on one)"""
     algo: str = field(default="grpo", metadata={"cli": {"alias": ["--algorithm"]}})
-    """grpo, drgrpo, dapo, gspo or grasp (``--algorithm`` too, as verl's launcher spells it)"""
+    """grpo, drgrpo, dapo, gspo, grasp, or rft (the rejection-sampling baseline: GRPO's sampling, SFT on the
+    correct episodes; native only) (``--algorithm`` too, as verl's launcher spells it)"""
     kl_coef: float | None = None
     """override the algorithm's KL coefficient (GRPO default 0.01)"""
     clip_low: float | None = None
@@ -397,7 +398,8 @@ def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator,
 
         # -- update
         t0 = time.perf_counter()
-        losses = (update_policy(model, reference, encoder, optimizer, batch, adv, None, algo, args, correct)
+        keep = (adv > 0) if algo.keep_rewarded else None  # RFT: the correct episodes only
+        losses = (update_policy(model, reference, encoder, optimizer, batch, adv, keep, algo, args, correct)
                   if batch.trajectories else {"losses/skipped": 1.0})
         t_update = time.perf_counter() - t0
 

@@ -185,3 +185,45 @@ def test_an_update_forced_to_temperature_one_is_caught(tiny, monkeypatch):
     got = _update_gradient(tiny, temperature=0.7)
     assert _relative_error(got, _expected_gradient(tiny[0], batch, advantages, 0.7)) > 0.05
     assert _relative_error(got, _expected_gradient(tiny[0], batch, advantages, 1.0)) < 1e-3
+
+
+def test_rft_is_one_sft_step_on_the_correct_rollouts_only(tiny):
+    """Issue 46's rejection-sampling baseline: ``--algo rft`` keeps the correct rollouts (by
+    ``correct``, not the shaped reward) and its update is a token-mean cross-entropy step on their
+    sampled tokens at the sampling temperature; the wrong ones do not move the model at all."""
+    model0, enc = tiny
+    algo = get_algorithm("rft", kl_coef=0.0)
+    args = grpo.Args(update_epochs=1, temperature=0.7, micro_batch=4, max_grad_norm=1e9)
+    batch = _batch(enc)
+    correct = torch.tensor([float(t.correct) for t in batch.trajectories])  # rollouts 0 and 2
+    rewards = torch.tensor([0.8, 1.0, 1.0, -1.0])  # a shaped reward that would keep rollout 1 too
+    from train.algorithms import AdvantageInput, compute_advantages
+    adv = compute_advantages(algo.advantage, AdvantageInput(rewards, batch.group_index, correct), algo.config)
+    assert adv.tolist() == [1.0, 0.0, 1.0, 0.0]
+
+    rft = copy.deepcopy(model0)
+    opt = torch.optim.SGD(rft.parameters(), lr=0.05)
+    grpo.update_policy(rft, None, enc, opt, batch, adv, adv > 0, algo, args, correct)
+
+    sft = copy.deepcopy(model0)
+    opt = torch.optim.SGD(sft.parameters(), lr=0.05)
+    from train.batching import from_trajectory
+    kept = [from_trajectory(batch.trajectories[i], batch.prompts[i]) for i in (0, 2)]
+    tb = pad_batch(kept, enc.pad_token_id)
+    logp = response_logprobs(sft, tb, enc, temperature=0.7)
+    m = tb.response_mask.float()
+    (-(logp * m).sum() / m.sum()).backward()
+    opt.step()
+    assert _distance(rft, model0) > 1e-4
+    assert _distance(rft, sft) < 1e-6
+
+    # the rejected rollouts' tokens do not matter
+    other = _batch(enc)
+    tok = enc.tokenizer
+    for i in (1, 3):
+        ids = tok("something else entirely \\boxed{no}", add_special_tokens=False)["input_ids"] + [enc.eos_token_id]
+        other.trajectories[i] = dataclasses.replace(other.trajectories[i], response_ids=ids, response_mask=[1] * len(ids))
+    again = copy.deepcopy(model0)
+    opt = torch.optim.SGD(again.parameters(), lr=0.05)
+    grpo.update_policy(again, None, enc, opt, other, adv, adv > 0, algo, args, correct)
+    assert _distance(again, rft) < 1e-6

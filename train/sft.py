@@ -31,7 +31,7 @@ import torch
 
 from medvqa_env.chat import Conversation
 from medvqa_env.datasets import load_dataset
-from medvqa_env.records import VQARecord
+from medvqa_env.records import AnswerType, VQARecord
 from train.algorithms import sft_loss
 from train.batching import from_trajectory, micro_batches, pad_batch, response_logprobs
 from medvqa_env.cli import NONE_IS_A_VALUE, run_cli
@@ -96,6 +96,9 @@ class Args:
     """the env's answer protocol; the gold trajectories are written with ``\\boxed{}``, so only ``boxed``"""
     tool_share: float = 1.0
     """share of gold trajectories that use a tool (the rest answer directly; < 1 leaves RL a choice)"""
+    misread_share: float = 0.0
+    """share of the tool-calling gold trajectories that then give a wrong answer, as a demonstrator who
+    misreads the tool would (issue 46's imperfect demonstrations; 0 = every demonstration right)"""
     max_turns: int = 3
     """tool turns per episode (seed: 3; the gold trajectories use one)"""
     batch_size: int = 8
@@ -153,17 +156,50 @@ def gold_tool_call(record: VQARecord, tools: list[str]) -> str | None:
     return None
 
 
-def gold_script(dataset, tools: list[str], tool_share: float = 1.0, seed: int = 0) -> Callable[[Conversation], str]:
+def gold_script(dataset, tools: list[str], tool_share: float = 1.0, seed: int = 0,
+                misread_share: float = 0.0) -> Callable[[Conversation], str]:
     """The scripted agent: first turn the gold tool call (if any), then ``\\boxed{gold}``. With
-    ``tool_share < 1`` a fixed (seeded, per-record) share of the questions is answered directly."""
+    ``tool_share < 1`` a fixed (seeded, per-record) share of the questions is answered directly;
+    with ``misread_share > 0`` a fixed share of those that call a tool answer with
+    :func:`wrong_answer` after it (imperfect demonstrations)."""
     import random
+
+    if not (0.0 <= tool_share <= 1.0 and 0.0 <= misread_share <= 1.0):
+        raise ConfigError(f"expected tool_share and misread_share in [0, 1], got {tool_share!r} and {misread_share!r}")
+    wrong = wrong_answers(dataset) if misread_share else {}
 
     def script(conv: Conversation) -> str:
         record = dataset[dataset.index_of(conv.info["record_id"])]
         use_tool = random.Random(f"{seed}:{record.id}").random() < tool_share
-        call = gold_tool_call(record, tools) if conv.turns == 0 and use_tool else None
-        return call if call else f"\\boxed{{{record.answer}}}"
+        call = gold_tool_call(record, tools) if use_tool else None
+        if conv.turns == 0 and call:
+            return call
+        misread = bool(call) and random.Random(f"{seed}:{record.id}:misread").random() < misread_share
+        answer = wrong.get(record.id, record.answer) if misread else record.answer
+        return f"\\boxed{{{answer}}}"
     return script
+
+
+def wrong_answers(dataset) -> dict[str, str]:
+    """A fixed wrong answer per record: the other of yes/no, the next option letter, or (OPEN) the next
+    of the answers its question type takes in the dataset; a record with no other answer is left out."""
+    by_type: dict[str, list[str]] = {}
+    for r in dataset:
+        by_type.setdefault(r.question_type or "", [])
+        if r.answer not in by_type[r.question_type or ""]:
+            by_type[r.question_type or ""].append(r.answer)
+    out = {}
+    for r in dataset:
+        if r.answer_type == AnswerType.CLOSED and r.answer.lower() in ("yes", "no"):
+            out[r.id] = "no" if r.answer.lower() == "yes" else "yes"
+        elif r.options and len(r.options) > 1 and r.answer in r.options:
+            letters = sorted(r.options)
+            out[r.id] = letters[(letters.index(r.answer) + 1) % len(letters)]
+        else:
+            pool = sorted(by_type[r.question_type or ""])
+            if len(pool) > 1:
+                out[r.id] = pool[(pool.index(r.answer) + 1) % len(pool)]
+    return out
 
 
 def main(args: Args) -> dict[str, float]:
@@ -213,7 +249,8 @@ def main(args: Args) -> dict[str, float]:
     if ckpt is not None:
         state = load_checkpoint(ckpt, model, optimizer)
         print(f"resumed from {ckpt} at step {start_step}")
-    script = ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, args.tool_share, args.seed))
+    script = ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, args.tool_share, args.seed,
+                                                     args.misread_share))
     logger = MetricsLogger(out, tensorboard=args.tensorboard, report_to=args.report_to, hparams=record,
                            project=args.wandb_project, purge_step=start_step + 1 if start_step else 0)
     trainable, total = count_trainable(model)

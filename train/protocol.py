@@ -23,9 +23,13 @@ One command runs the whole comparison, resumably, and writes what a reader needs
 3. **Baselines, same protocol, same seeds, same tool builds, same held-out questions**:
    ``more_sft`` (the warm start trained on with its own SFT recipe for as many steps as GRPO took),
    ``tool_sft`` (SFT from scratch, every gold trajectory calling the tool, warm-start + GRPO steps),
-   ``notool_sft`` (SFT from scratch with no tools at all, the same steps), ``question_prior`` (the
-   most common training answer for the question's text) and ``constant`` (the best single answer,
-   chosen on the held-out questions themselves).
+   ``notool_sft`` (SFT from scratch with no tools at all, the same steps), ``imperfect_sft`` (SFT
+   from scratch on imperfect demonstrations: a share answering without the tool, a share of the
+   tool-callers misreading it; the same steps), ``rft`` (online rejection-sampling fine-tuning from
+   the warm start: GRPO's sampling, settings and sampled episodes, SFT on the correct ones:
+   ``train.grpo --algo rft``), ``question_prior`` (the most common training answer for the
+   question's text) and ``constant`` (the best single answer, chosen on the held-out questions
+   themselves).
 4. **Report** (``protocol.json``): per row and seed the final held-out metric, distinct answers and
    their entropy (a constant answer shows), greedy tool calls, the image-ablation drop and the run's
    CPU seconds; per row the mean, the *sample* SD and a 95% t-interval; for GRPO against each
@@ -58,7 +62,8 @@ from typing import Any, Mapping
 from medvqa_env.cli import run_cli
 
 STAGES = ("warm", "grpo", "baselines", "report")
-TRAINED_BASELINES = ("more_sft", "tool_sft", "notool_sft")
+TRAINED_BASELINES = ("more_sft", "tool_sft", "notool_sft", "imperfect_sft", "rft")
+FROM_WARM_START = ("more_sft", "rft")  # the baselines that start where GRPO starts
 ANSWER_BASELINES = ("question_prior", "constant")
 NO_TOOL_PROMPT = "You answer questions about medical images. Give the final answer as \\boxed{answer}."
 RUN_FILES = ("args.json", "metrics.jsonl", "heldout_answers.jsonl", "resumes.jsonl")
@@ -128,8 +133,12 @@ class Args:
     """0 (the default): every seed its own tool build and warm start (seed k on build k), so seeds are
     independent replicates; k > 0: seed s on build s mod k of each trained tool (records before issue 42
     had 3), and the statistics take the builds as the units"""
-    baselines: str = "more_sft,tool_sft,notool_sft,question_prior,constant"
-    """which baselines to run"""
+    baselines: str = "more_sft,tool_sft,notool_sft,imperfect_sft,rft,question_prior,constant"
+    """which baselines to run (records before issue 46 ran the first three trained ones)"""
+    imperfect_tool_share: float = 0.75
+    """``imperfect_sft``: the share of its gold trajectories that call the tool (fixed in advance)"""
+    misread_share: float = 0.25
+    """``imperfect_sft``: the share of the tool-calling ones that answer wrongly after it (fixed in advance)"""
     demo_prompt: bool = True
     """the short CPU prompt naming the ``ground`` call (see train.common.SHORT_SYSTEM_PROMPT)"""
     probe_samples: int = 4
@@ -394,17 +403,23 @@ def warm_checkpoint(out: Path, choice: dict[str, Any]) -> str:
 # ==============================================================================================
 # Stage 2: GRPO over seeds
 # ==============================================================================================
+def reward_trained_run(args: Args, out: Path, name: str, algo: str, seed: int, warm: dict[int, dict[str, Any]]) -> None:
+    """One ``train.grpo`` run from seed ``seed``'s warm start: GRPO itself, or the ``rft`` baseline
+    with every setting, the reward (format penalty included) and the sampled episodes the same."""
+    build = build_of(args, seed)
+    argv = ["--policy", warm_checkpoint(out, warm[build]), "--seed", str(seed), "--algo", algo, "--steps", str(args.grpo_steps),
+            "--prompts_per_step", str(args.prompts_per_step), "--group_size", str(args.group_size),
+            "--lr", str(args.grpo_lr), "--temperature", str(args.temperature), "--micro_batch",
+            str(args.micro_batch), "--eval_split", "test", "--eval_size", str(args.eval_size), "--eval_every",
+            str(args.eval_every), "--eval_ablations", args.ablations, "--save_every", str(args.grpo_steps),
+            "--keep", "1", "--tensorboard", "false", "--kl_coef", str(args.kl_coef), "--out", str(out / f"{name}_s{seed}"),
+            *_common(args, build=build)]
+    run(out, f"{name}_s{seed}", "train.grpo", argv)
+
+
 def grpo_runs(args: Args, out: Path, warm: dict[int, dict[str, Any]]) -> None:
     for seed in seeds_of(args):
-        build = build_of(args, seed)
-        argv = ["--policy", warm_checkpoint(out, warm[build]), "--seed", str(seed), "--algo", "grpo", "--steps", str(args.grpo_steps),
-                "--prompts_per_step", str(args.prompts_per_step), "--group_size", str(args.group_size),
-                "--lr", str(args.grpo_lr), "--temperature", str(args.temperature), "--micro_batch",
-                str(args.micro_batch), "--eval_split", "test", "--eval_size", str(args.eval_size), "--eval_every",
-                str(args.eval_every), "--eval_ablations", args.ablations, "--save_every", str(args.grpo_steps),
-                "--keep", "1", "--tensorboard", "false", "--kl_coef", str(args.kl_coef), "--out", str(out / f"grpo_s{seed}"),
-                *_common(args, build=build)]
-        run(out, f"grpo_s{seed}", "train.grpo", argv)
+        reward_trained_run(args, out, "grpo", "grpo", seed, warm)
 
 
 # ==============================================================================================
@@ -412,18 +427,25 @@ def grpo_runs(args: Args, out: Path, warm: dict[int, dict[str, Any]]) -> None:
 # ==============================================================================================
 def sft_baseline(args: Args, out: Path, name: str, seed: int, warm: dict[int, dict[str, Any]]) -> None:
     """``more_sft``: the warm start, trained on by its recipe for the GRPO steps; ``tool_sft`` /
-    ``notool_sft``: from scratch for warm-start + GRPO steps, every trajectory calling the tool /
-    no tools in the env."""
+    ``notool_sft`` / ``imperfect_sft``: from scratch for warm-start + GRPO steps, every trajectory
+    calling the tool / no tools in the env / imperfect demonstrations; ``rft``: see
+    :func:`reward_trained_run`."""
+    if name == "rft":
+        reward_trained_run(args, out, "rft", "rft", seed, warm)
+        return
     total = args.sft_steps + args.grpo_steps
     checkpoint = warm_checkpoint(out, warm[build_of(args, seed)]) if name == "more_sft" else ""
     recipe = {"more_sft": (checkpoint, args.grpo_steps, args.tool_share, None),
               "tool_sft": (args.policy, total, 1.0, None),
-              "notool_sft": (args.policy, total, 0.0, "none")}
+              "notool_sft": (args.policy, total, 0.0, "none"),
+              "imperfect_sft": (args.policy, total, args.imperfect_tool_share, None)}
     policy, steps, share, tools = recipe[name]
     argv = ["--policy", policy, "--seed", str(seed), "--steps", str(steps), "--batch_size", str(args.sft_batch_size),
             "--lr", str(args.sft_lr), "--tool_share", str(share), "--eval_split", "test", "--eval_size",
             str(args.eval_size), "--eval_every", "0", "--eval_ablations", args.ablations, "--save_every", str(steps),
             "--keep", "1", "--out", str(out / f"{name}_s{seed}"), *_common(args, tools, build_of(args, seed))]
+    if name == "imperfect_sft":
+        argv += ["--misread_share", str(args.misread_share)]
     if name == "notool_sft":
         argv += ["--system_prompt", NO_TOOL_PROMPT]
     elif args.demo_prompt and name != "more_sft":  # more_sft keeps the warm start's saved prompt
@@ -694,7 +716,7 @@ def report(args: Args, out: Path) -> dict[str, Any]:
             row = final_eval(metrics, key)
             row["cpu_s"] = runs.get(f"{name}_s{seed}", {}).get("cpu_s")
             row["tool_build"] = build_of(args, seed) if trained_tools(args) or args.tool_builds <= 0 else None
-            if name == "grpo":
+            if name in ("grpo", "rft"):  # trained on its own samples: did they call?
                 sampled = [r["tools/calls_per_episode"] for r in metrics if "tools/calls_per_episode" in r and r["step"] > 0]
                 row["sampled_tool_calls_first"] = sampled[0] if sampled else None
                 row["sampled_tool_calls_last5"] = sum(sampled[-5:]) / len(sampled[-5:]) if sampled else None
@@ -842,7 +864,7 @@ def main(args: Args) -> int:
         print(f"[protocol] warning: {len(seeds_of(args))} seeds; a learning claim needs at least 5", flush=True)
     (out / "protocol_args.json").write_text(json.dumps(asdict(args), indent=1) + "\n")
     baselines = baselines_of(args)
-    needs_warm = "grpo" in stages or ("baselines" in stages and "more_sft" in baselines)
+    needs_warm = "grpo" in stages or ("baselines" in stages and any(b in baselines for b in FROM_WARM_START))
     warm: dict[int, dict[str, Any]] = {}
     for build in builds_of(args):
         if "warm" in stages:

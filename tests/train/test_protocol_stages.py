@@ -138,3 +138,28 @@ def test_the_report_reads_a_protocol_recorded_before_tool_builds(tmp_path):
     assert protocol.warm_checkpoint(tmp_path, {"checkpoint": "/abs/x"}) == "/abs/x"
     assert protocol.report(args, tmp_path)["rows"]["warm_start"]["mean"] == 0.5
     assert not (tmp_path / "protocol.json").exists()  # computing a report writes nothing
+
+
+def test_rft_and_imperfect_sft_are_baselines_of_the_same_protocol(tmp_path, runs):
+    """Issue 46: ``rft`` samples from GRPO's own warm start with GRPO's settings, reward and sampled
+    episodes (only ``--algo`` and the folder differ); ``imperfect_sft`` is tool SFT from scratch on
+    demonstrations of which a fixed share skip the tool and a fixed share of the rest misread it."""
+    args = protocol.Args(out=str(tmp_path), tools=TOOLS, seeds="0,1,2,3,4", sft_steps=50, sft_save_every=25,
+                         grpo_steps=10, baselines="tool_sft,imperfect_sft,rft")
+    assert protocol.main(protocol.Args(**{**vars(args), "stages": "warm,grpo,baselines"})) == 0
+    by_name = {name: (module, a) for name, module, a in runs}
+    for seed in range(5):
+        module, rft = by_name[f"rft_s{seed}"]
+        _, g = by_name[f"grpo_s{seed}"]
+        assert module == "train.grpo" and (rft.algo, g.algo) == ("rft", "grpo")
+        same = {k: v for k, v in vars(rft).items() if k not in ("algo", "out")}
+        assert same == {k: v for k, v in vars(g).items() if k not in ("algo", "out")}
+        assert rft.steps * rft.prompts_per_step * rft.group_size == g.steps * g.prompts_per_step * g.group_size
+        _, imp = by_name[f"imperfect_sft_s{seed}"]
+        _, tool = by_name[f"tool_sft_s{seed}"]
+        assert (imp.tool_share, imp.misread_share) == (args.imperfect_tool_share, args.misread_share) == (0.75, 0.25)
+        assert (tool.tool_share, tool.misread_share) == (1.0, 0.0)
+        assert (imp.policy, imp.steps, imp.tool_opt) == (tool.policy, tool.steps, tool.tool_opt)
+    result = protocol.report(args, tmp_path)
+    assert {"rft", "imperfect_sft"} <= set(result["grpo_minus"])
+    assert result["rows"]["rft"]["seeds"] == result["rows"]["imperfect_sft"]["seeds"] == 5

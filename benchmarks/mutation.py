@@ -54,7 +54,8 @@ TARGETS: dict[str, list[str]] = {
     "eval/metrics.py": ["tests/eval/test_eval_metrics.py", "tests/eval/test_bootstrap_interval.py"],
     "eval/scoring.py": ["tests/eval/test_scoring.py"],
     "train/algorithms.py": ["tests/train/test_algorithms.py"],
-    "train/protocol.py": ["tests/train/test_protocol.py", "tests/train/test_protocol_verdict.py"],
+    "train/protocol.py": ["tests/train/test_protocol.py", "tests/train/test_protocol_verdict.py",
+                          "tests/train/test_protocol_teeth.py"],
     # issue 40: the tool server's request path
     "tool_backends/limits.py": ["tests/hardening/test_server_files.py", "tests/tool_backends/test_limits_teeth.py"],
     "tool_backends/single_flight.py": ["tests/tool_backends/test_single_flight.py",
@@ -64,11 +65,23 @@ TARGETS: dict[str, list[str]] = {
     # issue 42: tool identity, checkpoints, resume checks
     # (test_tool_identity.py builds real tools: ~13 CPU min per run of this module, so only the teeth run here)
     "tool_backends/identity.py": ["tests/tool_backends/test_identity_teeth.py"],
+    # (the trainers' own resume tests run whole training runs, 30 s+ each: only the teeth run here)
+    "train/checkpoint.py": ["tests/hardening/test_checkpoint_pickle.py", "tests/train/test_resume_teeth.py"],
+    "train/common.py": ["tests/train/test_resume_teeth.py"],
 }
 
 # big modules: only these functions are mutated ("name" a function, "Class.name" a method,
 # "Class.*" every method of a class); the rest of the module is neither run nor counted
 FUNCTIONS: dict[str, list[str]] = {
+    # issue 42: the warm-start choice, "took off", the units and the verdict's intervals
+    "train/protocol.py": ["choose_warm_start", "greedy_lead", "took_off", "answer_bound", "compare", "paired_difference",
+                          "welch_difference", "t_interval", "unit_values", "independent", "builds_of", "build_of"],
+    # what a checkpoint is and what resuming restores (not the HF save/load paths, which need a model)
+    "train/checkpoint.py": ["checkpoint_step", "rng_state_to_json", "rng_state_from_json", "load_rng_state",
+                            "save_checkpoint", "list_checkpoints", "latest_checkpoint", "load_checkpoint",
+                            "policy_sha256", "_atomic_write_text"],
+    # the resume checks: what --allow-changed may and may not skip
+    "train/common.py": ["config_differences", "check_resume", "other_trainer"],
     # the connection's framing and deadline, the pool's reuse, the token header
     "tool_backends/http_client.py": ["Connection.*", "ConnectionPool.*", "HTTPToolBackend._request",
                                      "HTTPToolBackend._headers", "HTTPToolBackend.__getstate__"],

@@ -62,6 +62,9 @@ TARGETS: dict[str, list[str]] = {
                                        "tests/tool_backends/test_single_flight_teeth.py"],
     "tool_backends/http_client.py": ["tests/tool_backends/test_client_hostile.py",
                                     "tests/tool_backends/test_http_connection.py"],
+    # the gate in front of every endpoint (its head checks, body limits and deadlines): raw ASGI calls
+    # and servers on threads in the test's own process
+    "tool_backends/server.py": ["tests/hardening/test_gate_fuzz.py", "tests/hardening/test_request_path.py"],
     # issue 42: tool identity, checkpoints, resume checks
     # (test_tool_identity.py builds real tools: ~13 CPU min per run of this module, so only the teeth run here)
     "tool_backends/identity.py": ["tests/tool_backends/test_identity_teeth.py"],
@@ -85,6 +88,11 @@ FUNCTIONS: dict[str, list[str]] = {
     # the connection's framing and deadline, the pool's reuse, the token header
     "tool_backends/http_client.py": ["Connection.*", "ConnectionPool.*", "HTTPToolBackend._request",
                                      "HTTPToolBackend._headers", "HTTPToolBackend.__getstate__"],
+    # the request path before any endpoint runs; create_app's own closures (check_images, guarded,
+    # answer_call, ...) are mutated by mutmut as the one function create_app (hundreds of mutants,
+    # each needing a whole app): not targeted
+    "tool_backends/server.py": ["is_loopback", "check_settings", "_host_name", "refuse_head", "refuse_media",
+                                "RequestGate.*", "_plain", "_within"],
 }
 
 # tests left out of a module's runs (``pytest -k``): slow ones that reach none of its functions, or

@@ -406,10 +406,12 @@ class HTTPToolBackend:
         delay = self.backoff_s
         pool = self.pool
         headers = {**(headers or {}), **self._auth}
-        for attempt in range(self.retries + 1):
+        made, problem, seen = 0, f"no time left within {self.timeout_s:g} s", "no attempt made"
+        for _ in range(self.retries + 1):
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0:  # a backoff that woke past the deadline: not an attempt
                 break
+            made += 1
             try:
                 response = pool.request(method, path, content, headers, remaining)
             except ResponseTooLarge as e:  # not retried: it would be as large again
@@ -427,13 +429,13 @@ class HTTPToolBackend:
                     return response
                 problem = f"{self.url} answered {response.status_code}"
                 seen = f"it answered HTTP {response.status_code}"
-            if attempt < self.retries and time.monotonic() + delay < deadline:
+            if made <= self.retries and time.monotonic() + delay < deadline:
                 time.sleep(delay)
                 delay *= 2
             else:
                 break
         raise ServerUnavailable(f"{what} is unavailable: {problem}. Try another tool or answer without it.",
-                                problem=f"{seen}, {attempt + 1} attempt{'s' if attempt else ''}")
+                                problem=f"{seen}, {made} attempt{'s' if made != 1 else ''}")
 
     def _detail(self, response: Response) -> str:
         """The server's error detail, with our token blanked out (a proxy may echo our headers)."""

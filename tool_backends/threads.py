@@ -5,6 +5,8 @@ process's share: on 2 cores with another job on the second, a ~25 ms SAM forward
 when torch split it over both. :func:`apply_threads` sets the count once, at start:
 
 * the setting (``--torch-threads N``, or ``MEDVQA_TORCH_THREADS``), else
+* the user's own ``OMP_NUM_THREADS`` (what torch and OpenMP would take anyway; never overwritten
+  unless the setting asks for another count, and then the start-up line says so), else
 * :func:`cpu_share`: the CPUs this process may run on (``os.sched_getaffinity``), capped by the
   cgroup's CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``),
   rounded down, at least 1.
@@ -28,6 +30,8 @@ from typing import Any
 from medvqa_env.errors import ConfigError
 
 ENV_VAR = "MEDVQA_TORCH_THREADS"
+OMP_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""What torch/OpenMP/MKL read at import; a user's value is respected (see :func:`apply_threads`)."""
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -38,7 +42,8 @@ class ThreadSetting:
     threads: int
     """torch intra-op threads (and BLAS threads where threadpoolctl can reach them)."""
     source: str
-    """``setting`` (an argument), ``env`` (:data:`ENV_VAR`) or ``cpu share`` (:func:`cpu_share`)."""
+    """``setting`` (an argument), ``env`` (:data:`ENV_VAR`), ``OMP_NUM_THREADS`` (the user's, from the
+    environment) or ``cpu share`` (:func:`cpu_share`)."""
     affinity_cpus: int
     """CPUs in this process's affinity mask."""
     cgroup_cpus: float | None
@@ -47,16 +52,31 @@ class ThreadSetting:
     """Whether torch was importable and got the count."""
     blas_set: bool
     """Whether threadpoolctl limited the loaded BLAS/OpenMP pools."""
+    overridden: tuple[str, ...] = ()
+    """The user's ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` values (``"OMP_NUM_THREADS=4"``) that the
+    setting replaced; empty when none was set or it already agreed."""
+    ignored: str | None = None
+    """A user ``OMP_NUM_THREADS`` that is not a count (``"OMP_NUM_THREADS='x'"``), left as it was."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["overridden"] = list(self.overridden)
+        return d
 
     def line(self) -> str:
         """One line for a server's start-up output."""
         quota = "none" if self.cgroup_cpus is None else f"{self.cgroup_cpus:g}"
-        return (f"threads: {self.threads} ({self.source}; affinity {self.affinity_cpus} CPUs, cgroup quota "
-                f"{quota}; torch {'set' if self.torch_set else 'not loaded: OMP_NUM_THREADS set for its import'}, "
-                f"BLAS {'set' if self.blas_set else 'untouched'})")
+        why = {"setting": "the setting --torch-threads", "env": ENV_VAR,
+               "OMP_NUM_THREADS": "OMP_NUM_THREADS from the environment",
+               "cpu share": "cpu share"}.get(self.source, self.source)
+        torch = ("set" if self.torch_set else
+                 "not loaded: OMP_NUM_THREADS " + ("kept" if self.source == "OMP_NUM_THREADS" else "set")
+                 + " for its import")
+        extra = "".join(f"; overrides the environment's {o}" for o in self.overridden)
+        if self.ignored:
+            extra += f"; the environment's {self.ignored} ignored (not a positive integer)"
+        return (f"threads: {self.threads} ({why}; affinity {self.affinity_cpus} CPUs, cgroup quota "
+                f"{quota}; torch {torch}, BLAS {'set' if self.blas_set else 'untouched'}{extra})")
 
 
 def affinity_cpus() -> int:
@@ -119,26 +139,61 @@ def parse_threads(value: Any, what: str = "torch threads") -> int | None:
 _CURRENT: ThreadSetting | None = None
 
 
+_WRITTEN: dict[str, str] = {}
+"""What :func:`apply_threads` itself last wrote to each of :data:`OMP_VARS` (not the user's)."""
+
+
+def _user_value(var: str) -> str | None:
+    """``var`` from the environment, unless unset, empty, or what :func:`apply_threads` wrote."""
+    raw = os.environ.get(var)
+    return None if raw is None or not raw.strip() or _WRITTEN.get(var) == raw else raw
+
+
+def _user_omp() -> tuple[int | None, str | None]:
+    """The user's ``OMP_NUM_THREADS`` as a count (its first level, ``"4,2"`` -> 4), or
+    ``(None, why)`` when it is set but not a count, ``(None, None)`` when unset."""
+    raw = _user_value("OMP_NUM_THREADS")
+    if raw is None:
+        return None, None
+    try:
+        n = int(raw.split(",")[0].strip())
+    except ValueError:
+        return None, f"OMP_NUM_THREADS={raw!r}"
+    return (n, None) if n >= 1 else (None, f"OMP_NUM_THREADS={raw!r}")
+
+
 def apply_threads(setting: Any = None, root: Path = CGROUP_ROOT) -> ThreadSetting:
     """Set torch's intra-op threads (and loaded BLAS pools') to ``setting``, else
-    :data:`ENV_VAR`, else :func:`cpu_share`; returns (and remembers, for :func:`current`) what
-    was set. A torch already imported is set; otherwise OMP_NUM_THREADS/MKL_NUM_THREADS are, which
-    torch reads when it is imported (so a server whose engines need no torch never imports it)."""
+    :data:`ENV_VAR`, else the user's ``OMP_NUM_THREADS``, else :func:`cpu_share`; returns (and
+    remembers, for :func:`current`) what was set and why (:meth:`ThreadSetting.line`). A torch
+    already imported is set; otherwise OMP_NUM_THREADS/MKL_NUM_THREADS are, which torch reads when
+    it is imported (so a server whose engines need no torch never imports it). A user's
+    OMP_NUM_THREADS/MKL_NUM_THREADS is never changed unless the setting or :data:`ENV_VAR` asks
+    for another count; each value so replaced is named in the result."""
     global _CURRENT
     n = parse_threads(setting)
     source = "setting"
     if n is None:
         n = parse_threads(os.environ.get(ENV_VAR), ENV_VAR)
         source = "env"
+    user_omp, ignored = _user_omp()
+    if n is None and user_omp is not None:
+        n, source = user_omp, "OMP_NUM_THREADS"
     if n is None:
         n, source = cpu_share(root), "cpu share"
+    overridden: list[str] = []
     torch_set = blas_set = False
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(n)
         torch_set = True
-    else:  # not imported yet (a classical-only server need not pay for it): torch reads these at import
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
+    for var in OMP_VARS:  # for torch's import, and for the OpenMP/MKL pools of whatever loads next
+        had = _user_value(var)
+        if had is not None and (source == "OMP_NUM_THREADS" or var == "OMP_NUM_THREADS" and ignored):
+            continue  # the user's own setting (or one we could not read): theirs, left as it was
+        if had is not None and had.strip() != str(n):
+            overridden.append(f"{var}={had}")
+        os.environ[var] = _WRITTEN[var] = str(n)
     try:
         from threadpoolctl import threadpool_limits
 
@@ -146,7 +201,8 @@ def apply_threads(setting: Any = None, root: Path = CGROUP_ROOT) -> ThreadSettin
         blas_set = True
     except ImportError:
         pass
-    _CURRENT = ThreadSetting(n, source, affinity_cpus(), cgroup_cpus(root), torch_set, blas_set)
+    _CURRENT = ThreadSetting(n, source, affinity_cpus(), cgroup_cpus(root), torch_set, blas_set,
+                             tuple(overridden), ignored)
     return _CURRENT
 
 
@@ -156,4 +212,4 @@ def current() -> dict[str, Any] | None:
 
 
 __all__ = ["ThreadSetting", "apply_threads", "current", "cpu_share", "cgroup_cpus", "affinity_cpus",
-           "parse_threads", "ENV_VAR"]
+           "parse_threads", "ENV_VAR", "OMP_VARS"]

@@ -82,3 +82,56 @@ def test_a_process_pinned_to_one_cpu_gets_one_thread():
     assert out.returncode == 0, out.stderr[-2000:]
     before, chosen, now, line = json.loads(out.stdout.strip().splitlines()[-1])
     assert chosen == now == 1 and line.startswith("threads: 1 (cpu share; affinity 1 CPUs")
+
+
+def _fresh_process(code: str, **env: str) -> list:
+    """Run ``code`` in a fresh interpreter without torch imported, with only ``env`` set."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_APPLY = ("import os, json, sys; from tool_backends.threads import apply_threads; s = apply_threads({arg}); "
+          "print(json.dumps([s.threads, s.source, os.environ.get('OMP_NUM_THREADS'), "
+          "os.environ.get('MKL_NUM_THREADS'), s.line(), 'torch' in sys.modules]))")
+
+
+def test_a_users_omp_num_threads_is_respected_not_overwritten():
+    """The user's OMP_NUM_THREADS=3 is what torch would take: apply_threads keeps it (and says so)
+    instead of writing the CPU share over it."""
+    chosen, source, omp, mkl, line, torch_loaded = _fresh_process(_APPLY.format(arg=""), OMP_NUM_THREADS="3")
+    assert (chosen, source, omp) == (3, "OMP_NUM_THREADS", "3") and not torch_loaded
+    assert mkl == "3"  # MKL, unset by the user, follows the count chosen
+    assert line.startswith("threads: 3 (OMP_NUM_THREADS from the environment;") and "OMP_NUM_THREADS kept" in line
+
+
+def test_the_setting_wins_over_omp_num_threads_and_says_it_overrides():
+    chosen, source, omp, mkl, line, _ = _fresh_process(_APPLY.format(arg="2"), OMP_NUM_THREADS="3",
+                                                       MKL_NUM_THREADS="2")
+    assert (chosen, source, omp, mkl) == (2, "setting", "2", "2")
+    assert "overrides the environment's OMP_NUM_THREADS=3" in line and "MKL_NUM_THREADS=2" not in line
+    chosen, source, omp, _, line, _ = _fresh_process(_APPLY.format(arg=""), OMP_NUM_THREADS="3",
+                                                     **{threads.ENV_VAR: "1"})
+    assert (chosen, source, omp) == (1, "env", "1") and "overrides the environment's OMP_NUM_THREADS=3" in line
+
+
+def test_an_unreadable_omp_num_threads_is_left_and_named():
+    chosen, source, omp, _, line, _ = _fresh_process(_APPLY.format(arg=""), OMP_NUM_THREADS="lots")
+    assert source == "cpu share" and chosen >= 1 and omp == "lots"
+    assert "the environment's OMP_NUM_THREADS='lots' ignored" in line
+
+
+def test_a_users_omp_num_threads_sets_an_imported_torch(monkeypatch, tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv(threads.ENV_VAR, raising=False)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # not a count an earlier apply_threads wrote here
+        monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+        s = threads.apply_threads(None, root=_cgroup(tmp_path, "100000 100000"))  # the share would be 1
+        assert (s.threads, s.source, s.torch_set, s.overridden) == (3, "OMP_NUM_THREADS", True, ())
+        assert torch.get_num_threads() == 3 and threads.current()["source"] == "OMP_NUM_THREADS"
+    finally:
+        torch.set_num_threads(before)

@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="HEAD", help="the commit whose tree is copied")
     ap.add_argument("--results", default=None, help="results folder (default benchmarks/results)")
+    ap.add_argument("--reference", default=str(ROOT / "benchmarks" / "results"),
+                    help="the folder whose protocol_small.json the check compares with (read when the rerun ends; "
+                         "default: this checkout's)")
     args = ap.parse_args(argv)
     results = results_dir_arg(False, args.results)
     from train.protocol import choose_warm_start
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         tree, out = Path(tmp) / "tree", Path(tmp) / "run"
         tree.mkdir()
         commit = blind_copy(tree, args.rev)
-        cmd = [sys.executable, "benchmarks/reproduce_protocol.py", "--out", str(out)]
+        cmd = [sys.executable, "benchmarks/reproduce_protocol.py", "--out", str(out), "--results", args.reference]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(tree)}
         print(f"$ (in a copy of {commit[:12]} with the blind choice) {' '.join(['python', *cmd[1:]])}", flush=True)
         t0 = time.perf_counter()
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 "forced": {s: c.get("forced") for s, c in sorted(candidates.items())}}
     lines = output.strip().splitlines()
     fail = next((line for line in lines if line.startswith("FAIL:")), None)
-    figures = {"exit_code": proc.returncode, "red": int(proc.returncode != 0 and fail is not None), "fail_line": fail or "",
+    reference = json.loads((Path(args.reference) / "protocol_small.json").read_text())["figures"]
+    figures = {"exit_code": proc.returncode, "reference_commit": reference.get("git_commit"), "red": int(proc.returncode != 0 and fail is not None), "fail_line": fail or "",
                "source_commit": commit, "wall_min": round(wall / 60, 1)}
     for b, c in builds.items():
         figures[f"b{b}.blind_step"] = c["blind_step"]
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
           f"`python benchmarks/protocol_small_red.py`: a copy of commit `{commit[:12]}` (`git archive`) in which "
           "`train/protocol.py` chooses the warm start by the best greedy val accuracy (ties to the earliest step; the "
           "probes still run), then in that copy `python benchmarks/reproduce_protocol.py --out <scratch>/run` as `.ci/run` "
-          f"runs it: exit code **{proc.returncode}** after {wall / 60:.1f} min wall.", "",
+          f"runs it, against the reference recorded at `{str(reference.get('git_commit'))[:12]}`: exit code "
+          f"**{proc.returncode}** after {wall / 60:.1f} min wall.", "",
           "| tool build | greedy val by step | forced-call val by step | blind choice | the probe rule's choice |",
           "|---|---|---|---|---|"]
     for b, c in builds.items():

@@ -342,3 +342,255 @@ def test_a_file_that_reads_longer_than_its_size_is_cut_at_the_limit():
         read_under_roots("/proc/self/status", ["/proc/self"], max_bytes=100)
     assert str(e.value) == "image file '/proc/self/status' is over the limit of 100 bytes"
     assert read_under_roots("/proc/self/status", ["/proc/self"], max_bytes=len(data) + 50)[:5] == b"Name:"
+
+
+# ---------------------------------------------------------------- the connection's own limits (uvicorn in a thread)
+import asyncio  # noqa: E402
+import select  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from tool_backends import limits as limits_module  # noqa: E402
+from tool_backends.limits import MAX_HEADER_BYTES, read_timeout_protocol  # noqa: E402
+
+
+class Gate:
+    """An ASGI app: ``/block`` waits until released, ``/slow`` answers after 0.6 s, ``/refuse`` answers
+    413 with its body unread (as ``RequestGate``), anything else 200 at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                while True:
+                    message = await receive()
+                    await send({"type": message["type"] + ".complete"})
+                    if message["type"] == "lifespan.shutdown":
+                        return
+            return
+        path, headers = scope["path"], []
+        if path == "/block":
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
+        elif path == "/slow":
+            await asyncio.sleep(0.6)
+        if path == "/refuse":
+            headers = [(b"connection", b"close")]
+        body = b"refused" if path == "/refuse" else b"ok"
+        await send({"type": "http.response.start", "status": 413 if path == "/refuse" else 200,
+                    "headers": headers + [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class Uvicorn:
+    def __init__(self, read_timeout_s: float, limit: int | None, config_limit: int | None = None) -> None:
+        import uvicorn
+
+        self.app = Gate()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    access_log=False, limit_concurrency=config_limit,
+                                                    http=read_timeout_protocol(read_timeout_s, limit)))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive()
+            time.sleep(0.01)
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+    def close(self) -> None:
+        self.app.release.set()
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def uv():
+    started = []
+
+    def start(*a, **kw):
+        started.append(Uvicorn(*a, **kw))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def get(path: str, method: str = "GET") -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        if not piece:
+            return data
+        data += piece
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head + b"\r\n\r\n" + rest
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (sending nothing first)."""
+    if not select.select([sock], [], [], seconds)[0]:
+        return False
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_an_idle_connection_is_closed_at_the_read_timeout_not_before(uv):
+    server = uv(0.4, 8)
+    with server.connect() as s:
+        start = time.monotonic()
+        assert not closed_within(s, 0.2)
+        assert closed_within(s, 1.5)
+        assert 0.3 < time.monotonic() - start < 1.5
+
+
+def test_a_head_dripped_a_byte_at_a_time_is_closed_at_the_read_timeout(uv):
+    server = uv(0.4, 8)
+    with server.connect() as s:
+        start = time.monotonic()
+        for byte in get("/x")[:-2]:  # never the head's end
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+            if closed_within(s, 0.05):
+                break
+        assert time.monotonic() - start < 1.2
+
+
+def test_after_an_answer_the_timer_starts_again(uv):
+    server = uv(0.4, 8)
+    with server.connect() as s:
+        time.sleep(0.25)
+        s.sendall(get("/x"))
+        assert answer_of(s).startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        assert not closed_within(s, 0.25)  # the first timer (0.4 s from the open) is gone
+        s.sendall(get("/x"))  # and the kept connection still serves
+        assert answer_of(s).endswith(b"ok")
+        assert closed_within(s, 1.5)
+        assert time.monotonic() - answered < 1.8
+
+
+def test_a_request_being_answered_is_not_cut_by_the_read_timeout(uv):
+    server = uv(0.3, 8)
+    with server.connect() as s:
+        s.sendall(get("/slow"))
+        assert answer_of(s).startswith(b"HTTP/1.1 200")
+
+
+def test_a_head_over_its_bytes_is_431_and_one_of_exactly_them_waits(uv):
+    server = uv(5.0, 8)
+    with server.connect() as s:
+        head = b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nx-pad: "
+        s.sendall(head + b"a" * (MAX_HEADER_BYTES - len(head)))  # exactly the bound, not yet whole
+        assert not select.select([s], [], [], 0.3)[0]
+        s.sendall(b"a")
+        answer = answer_of(s)
+        msg = f"request head over {MAX_HEADER_BYTES} bytes".encode()
+        assert answer == (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
+                          b"content-length: " + str(len(msg)).encode() + b"\r\nconnection: close\r\n\r\n" + msg)
+        assert closed_within(s, 2)
+
+
+def test_a_big_head_that_completes_is_served_and_counting_starts_again(uv):
+    server = uv(5.0, 8)
+    with server.connect() as s:
+        for _ in range(3):  # three heads of 3/4 the bound each, on one connection
+            pad = b"a" * (MAX_HEADER_BYTES * 3 // 4)
+            s.sendall(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nx-pad: " + pad + b"\r\n\r\n")
+            assert answer_of(s).startswith(b"HTTP/1.1 200")
+
+
+def test_health_answers_past_the_concurrency_limit_and_nothing_else_does(uv):
+    for server in (uv(5.0, 2), uv(5.0, None, config_limit=2)):  # uvicorn counts connections too
+        with server.connect() as busy:
+            busy.sendall(get("/block"))
+            time.sleep(0.2)
+            with server.connect() as s:
+                s.sendall(get("/x"))
+                assert answer_of(s).startswith(b"HTTP/1.1 503")
+            with server.connect() as s:
+                s.sendall(get("/health", "POST").replace(b"\r\n\r\n", b"\r\ncontent-length: 0\r\n\r\n"))
+                assert answer_of(s).startswith(b"HTTP/1.1 503")
+            with server.connect() as s:
+                s.sendall(get("/health"))
+                assert answer_of(s).startswith(b"HTTP/1.1 200")
+            server.app.release.set()
+            assert answer_of(busy).startswith(b"HTTP/1.1 200")
+        server.app.release.clear()
+
+
+def refused_with_body_coming(server, sent_after: int) -> tuple[bytes, Exception | None]:
+    """POST /refuse declaring 64 MiB, 256 KiB sent before reading its answer, then ``sent_after``
+    more bytes: (the answer, the error sending them, if any)."""
+    with server.connect() as s:
+        s.sendall(b"POST /refuse HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: 67108864\r\n\r\n" + b"x" * (256 << 10))
+        answer = answer_of(s)
+        error = None
+        try:
+            piece = b"x" * (64 << 10)
+            for _ in range(sent_after // len(piece)):
+                s.sendall(piece)
+                time.sleep(0.002)
+            time.sleep(0.3)
+            s.sendall(piece)
+            s.sendall(piece)
+        except OSError as e:
+            error = e
+        return answer, error
+
+
+def test_a_refusal_with_its_body_still_coming_lingers_then_drains_up_to_its_cap(uv, monkeypatch):
+    monkeypatch.setattr(limits_module, "LINGER_BYTES", 1 << 20)
+    server = uv(5.0, 8)
+    answer, error = refused_with_body_coming(server, 512 << 10)  # under the drain cap: no reset
+    assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(b"refused")
+    assert error is None
+    answer, error = refused_with_body_coming(server, 3 << 20)  # past it: aborted
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert isinstance(error, (ConnectionResetError, BrokenPipeError)), error
+
+
+def test_a_lingering_connection_closes_after_its_linger(uv, monkeypatch):
+    monkeypatch.setattr(limits_module, "LINGER_S", 0.3)
+    server = uv(5.0, 8)
+    with server.connect() as s:
+        s.sendall(b"POST /refuse HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: 1000000\r\n\r\n" + b"x" * 1000)
+        assert answer_of(s).startswith(b"HTTP/1.1 413")
+        time.sleep(0.8)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            for _ in range(50):
+                s.sendall(b"x" * 65536)
+                time.sleep(0.01)
+
+
+def test_a_closing_answer_with_no_body_coming_closes_at_once(uv, monkeypatch):
+    monkeypatch.setattr(limits_module, "LINGER_S", 3.0)
+    server = uv(5.0, 8)
+    with server.connect() as s:
+        s.sendall(get("/refuse", "POST").replace(b"\r\n\r\n", b"\r\ncontent-length: 0\r\n\r\n"))
+        assert answer_of(s).startswith(b"HTTP/1.1 413")
+        time.sleep(0.3)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            for _ in range(50):
+                s.sendall(b"x" * 65536)
+                time.sleep(0.01)

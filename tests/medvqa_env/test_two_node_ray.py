@@ -49,7 +49,11 @@ class LoopbackCluster:
         self.root = tempfile.mkdtemp(prefix="mvr", dir="/tmp")  # short: Ray's socket paths are length-bound
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # Ray's auth mode as this (driver) process has it: a local ray.init() earlier in the process
+        # sets RAY_AUTH_MODE=token in os.environ, and nodes forced to "disabled" then could not answer
+        # this driver (a Serve replica's reply timed out). Inherited, both sides agree: token when an
+        # earlier ray.init set it or ~/.ray/auth_token exists, else off.
+        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         self.nodes: list[subprocess.Popen] = []
 
     def _start(self, name: str, *args: str) -> None:
@@ -133,8 +137,7 @@ def cluster():
     c = LoopbackCluster()
     try:
         c.start()
-        env_vars = {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                    "PYTHONPATH": str(REPO)}
+        env_vars = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
         if "MEDVQA_CACHE" in os.environ:
             env_vars["MEDVQA_CACHE"] = os.environ["MEDVQA_CACHE"]
         ray.init(address=c.address, _node_ip_address="127.0.0.1", log_to_driver=False,

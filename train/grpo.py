@@ -14,6 +14,7 @@ settings refuses and lists them (``--allow-changed`` accepts them).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -35,7 +36,9 @@ from train.common import (build_policy, check_resume, count_trainable, evaluate_
                           system_prompt_of, write_run_record)
 from medvqa_env.pool import EnvPool
 from train.metrics_log import MetricsLogger, purge_rows, reward_thresholds, rollout_metrics
-from train.rollout import HFGenerator, collect_rollouts, fill_groups, group_requests
+from medvqa_env.config import parse_options
+from medvqa_env.datasets import load_dataset
+from train.rollout import HFGenerator, RolloutBatch, ScriptedGenerator, collect_rollouts, fill_groups, group_requests
 from train.run_report import eval_line, interrupted_message, write_curves
 
 
@@ -113,6 +116,10 @@ class Args:
     """questions per step (batch size)"""
     group_size: int = 4
     """rollouts per question (n); seed: 8"""
+    guidance: int = 0
+    """off-policy guidance (issue 46's lever, LUFFY-like): this many of each group's ``group_size`` rollouts
+    are train.sft's gold demonstration instead of the policy's samples, rewarded by the env like the rest
+    and trained on as if sampled (ratio 1, no importance weight); rollout metrics count the policy's own"""
     max_new_tokens: int = 40
     """tokens per generated turn"""
     temperature: float = 1.0
@@ -239,6 +246,20 @@ def update_policy(model, reference, encoder, optimizer, batch, advantages, keep,
     return metrics
 
 
+def sample_groups(generator, guide, pool, encoder, items, group_size: int, guidance: int, n_slots: int) -> RolloutBatch:
+    """One group per ``(seed, index)`` item: ``group_size - guidance`` episodes the policy samples and
+    ``guidance`` the ``guide`` (the gold script) plays, on the same episode, marked ``off_policy``."""
+    requests, groups = group_requests(items, group_size - guidance)
+    batch = collect_rollouts(generator, pool, encoder, requests, groups, micro_batch=n_slots)
+    if not guidance:
+        return batch
+    requests, groups = group_requests(items, guidance)
+    demos = collect_rollouts(guide, pool, encoder, requests, groups, micro_batch=n_slots)
+    timings = {k: batch.timings.get(k, 0.0) + demos.timings.get(k, 0.0) for k in {*batch.timings, *demos.timings}}
+    return RolloutBatch(batch.trajectories + [dataclasses.replace(t, off_policy=True) for t in demos.trajectories],
+                        batch.prompts + demos.prompts, timings)
+
+
 def sample_questions(train_idx, n: int, seed: int, step: int, round_: int = 0) -> list[tuple[int, int]]:
     """``n`` ``(env seed, dataset index)`` pairs for generation round ``round_`` of ``step``
     (round 0 draws what the trainer always drew; later rounds are DAPO's refills)."""
@@ -317,6 +338,7 @@ def main(args: Args) -> dict[str, float] | int:
     trainable, total = count_trainable(model)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
     generator = HFGenerator(model, encoder, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    guide = guide_generator(args, encoder, pool) if args.guidance else None
     start_step = checkpoint_step(ckpt) if ckpt is not None else 0
     settings = trained_settings(encoder, pool, int(train_idx[0]), args.max_new_tokens)  # the prompt actually shown, env, encoder
     record = record_settings(out, record, settings)
@@ -346,8 +368,8 @@ def main(args: Args) -> dict[str, float] | int:
     bar = tqdm(range(start_step, args.steps), initial=start_step, total=args.steps, desc=args.algo)
     metrics: dict[str, float] = {}
     try:
-        metrics = _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, pool, eval_pool, train_idx,
-              eval_idx, n_slots, state, logger, saved, answers_path)
+        metrics = _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, guide, pool, eval_pool,
+                        train_idx, eval_idx, n_slots, state, logger, saved, answers_path)
     except KeyboardInterrupt:
         logger.close(finished=False)
         write_curves(out, f"train.grpo {args.algo}")
@@ -362,13 +384,23 @@ def main(args: Args) -> dict[str, float] | int:
     return metrics if args.steps > start_step else {}
 
 
+def guide_generator(args: Args, encoder, pool) -> ScriptedGenerator:
+    """``--guidance``'s demonstrator: train.sft's gold script (every trajectory calling its tool) on the train split."""
+    from train.sft import gold_script
+
+    if not 0 < args.guidance < args.group_size:
+        raise ConfigError(f"expected 0 <= --guidance < --group_size ({args.group_size}), got {args.guidance!r}")
+    dataset = load_dataset(args.dataset, split=args.split, **parse_options(args.dataset_opt, "--dataset-opt"))
+    return ScriptedGenerator(encoder, gold_script(dataset, pool.tool_names, 1.0, args.seed))
+
+
 def _interrupted(prog: str, out: Path, step: int) -> int:
     print(interrupted_message(prog, out, step), file=sys.stderr, flush=True)
     return 130
 
 
-def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, pool, eval_pool, train_idx, eval_idx,
-          n_slots, state, logger, saved, answers_path) -> dict[str, float]:
+def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, guide, pool, eval_pool, train_idx,
+          eval_idx, n_slots, state, logger, saved, answers_path) -> dict[str, float]:
     """The training steps: rollout -> advantages -> update -> log/evaluate/checkpoint; the last step's metrics."""
     t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
     metrics: dict[str, float] = {}
@@ -379,8 +411,7 @@ def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator,
 
         def sample_round(r: int, step: int = step):
             items = sample_questions(train_idx, args.prompts_per_step, args.seed, step, r)
-            requests, groups = group_requests(items, args.group_size)
-            return collect_rollouts(generator, pool, encoder, requests, groups, micro_batch=n_slots)
+            return sample_groups(generator, guide, pool, encoder, items, args.group_size, args.guidance, n_slots)
 
         has_spread = (lambda b: dynamic_sampling_keep(shaped_rewards(b, algo, args), b.group_index))
         filled = fill_groups(sample_round, args.prompts_per_step, keep=has_spread if algo.dynamic_sampling else None,
@@ -393,7 +424,8 @@ def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator,
         correct = torch.tensor([float(bool(t.correct)) for t in batch.trajectories])
         adv = compute_advantages(algo.advantage, AdvantageInput(rewards, batch.group_index, correct,
                                                                 state["running_accuracy"]), algo.config)
-        sampled_acc = sum(bool(t.correct) for t in filled.sampled) / max(1, len(filled.sampled))
+        own = [t for t in filled.sampled if not t.off_policy]  # the policy's samples, not the demonstrations
+        sampled_acc = sum(bool(t.correct) for t in own) / max(1, len(own))
         state["running_accuracy"] = 0.9 * state["running_accuracy"] + 0.1 * sampled_acc
 
         # -- update
@@ -409,9 +441,11 @@ def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator,
 
         # -- log / evaluate / checkpoint
         done = step + 1
-        metrics = {**rollout_metrics(filled.sampled), **losses,
+        metrics = {**rollout_metrics(own), **losses,
                    "rollout/advantage_abs": float(adv.abs().mean()) if len(adv) else 0.0,
                    "rollout/kept_share": len(batch.trajectories) / max(1, len(filled.sampled)),
+                   **({"rollout/guidance_accuracy": float(np.mean([bool(t.correct) for t in filled.sampled if t.off_policy]))}
+                      if args.guidance else {}),
                    "rollout/gen_rounds": filled.rounds, "rollout/groups": len({t.group for t in batch.trajectories}),
                    "time/rollout_s": t_rollout, "time/generation_s": batch.timings.get("generation_s", 0.0),
                    "time/env_wait_s": batch.timings.get("env_wait_s", 0.0), "time/update_s": t_update,

@@ -60,6 +60,8 @@ class Trajectory:
     answer: str | None = None
     hit_token_limit: bool = False
     tool_latency_s: float = 0.0
+    off_policy: bool = False
+    """a demonstration placed in the group (``train.grpo --guidance``), not the policy's own sample"""
 
     @property
     def done(self) -> bool:

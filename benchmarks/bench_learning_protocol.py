@@ -131,12 +131,22 @@ def setting(folder: Path) -> tuple[dict, str]:
         if "candidates" in choice:  # chosen by what RL will use (issue 42): the record's own choice
             picked = {"chosen_step": choice["chosen_step"], "within_noise": choice["within_noise"]}
             fig[f"warm_start.b{build}.blind_step"] = choice["blind_choice"]["step"]
+            probe = choice["candidates"][str(choice["chosen_step"])]  # the chosen candidate's val probe
+            for k in ("forced", "sampled", "call_rate", "calling", "direct", "invalid_turn_rate"):
+                if isinstance(probe.get(k), (int, float)):
+                    fig[f"warm_start.b{build}.{k}"] = probe[k]
         else:  # chosen by greedy val accuracy before issue 42: recomputed from the val figures
             lead = greedy_lead({int(s): v for s, v in choice["val_by_step"].items()}, args.val_size)
             picked = {"chosen_step": lead["step"], "within_noise": lead["within_noise"]}
         fig[f"warm_start.b{build}.step"] = picked["chosen_step"]
         fig[f"warm_start.b{build}.within_noise"] = int(picked["within_noise"])
     fig["warm_start.within_noise_all"] = int(all(fig[f"warm_start.b{b}.within_noise"] for b in result["warm_starts"]))
+    blind = [b for b in result["warm_starts"] if f"warm_start.b{b}.blind_step" in fig]
+    if blind:  # builds whose greedy val accuracy would have chosen another step than the probe did
+        fig["warm_start.blind_differs"] = sum(fig[f"warm_start.b{b}.blind_step"] != fig[f"warm_start.b{b}.step"]
+                                              for b in blind)
+        fig["warm_start.steps"] = ", ".join(f"b{b}: {fig[f'warm_start.b{b}.step']}" for b in sorted(blind))
+        fig["warm_start.blind_steps"] = ", ".join(f"b{b}: {fig[f'warm_start.b{b}.blind_step']}" for b in sorted(blind))
     identity = saved.get("identity") or {}
     if identity:  # what the figures depend on, by content (recorded by the protocol's report stage)
         fig["identity.git_commit"] = identity["code"]["git_commit"]
@@ -204,6 +214,13 @@ def setting(folder: Path) -> tuple[dict, str]:
                 for k in ("difference", "ci_low", "ci_high", "pairs"):
                     fig[f"{prefix}.{name}.paired.{k}"] = diff["paired"][k]
     fig["units"] = next(iter(result["grpo_minus"].values()), {}).get("units")  # how many independent units
+    grpo, tool = result["rows"].get("grpo", {}), result["rows"].get("tool_sft", {})
+    if grpo.get("sd") == grpo.get("sd") and tool.get("sd") == tool.get("sd") and "sd" in grpo and "sd" in tool:
+        # issue 42's bar: GRPO's SD over seeds at most twice tool SFT's, or 0.02, whichever is larger
+        fig["grpo.sd_bound"] = max(2 * tool["sd"], 0.02)
+        fig["grpo.sd_within_bound"] = int(grpo["sd"] <= fig["grpo.sd_bound"])
+    if grpo.get("took_off_seeds") is not None:
+        fig["grpo.all_took_off"] = int(grpo["took_off_seeds"] == grpo["seeds"])
     read_by = {name: [f"{name}_s{seed}" for seed in result["rows"].get(name, {}).get("per_seed", {})]
                for name in ("grpo", "tool_sft")}  # the rows whose policies call the tool
     reading = reading_rules(folder, [run for runs in read_by.values() for run in runs], args)

@@ -61,10 +61,12 @@ TARGETS: dict[str, list[str]] = {
     "tool_backends/single_flight.py": ["tests/tool_backends/test_single_flight.py",
                                        "tests/tool_backends/test_single_flight_teeth.py"],
     "tool_backends/http_client.py": ["tests/tool_backends/test_client_hostile.py",
-                                    "tests/tool_backends/test_http_connection.py"],
-    # the gate in front of every endpoint (its head checks, body limits and deadlines): raw ASGI calls
-    # and servers on threads in the test's own process
-    "tool_backends/server.py": ["tests/hardening/test_gate_fuzz.py", "tests/hardening/test_request_path.py"],
+                                    "tests/tool_backends/test_http_connection.py",
+                                    "tests/tool_backends/test_http_client_teeth.py"],
+    # the gate in front of every endpoint (its head checks, body limits and deadlines), by raw ASGI
+    # calls (tests/hardening/test_request_path.py drives it through servers on threads: ~20 s a
+    # mutant, so the "before" run only: benchmarks/results/mutation_before_teeth_server.md)
+    "tool_backends/server.py": ["tests/tool_backends/test_gate_teeth.py", "tests/hardening/test_gate_fuzz.py"],
     # issue 42: tool identity, checkpoints, resume checks
     # (test_tool_identity.py builds real tools: ~13 CPU min per run of this module, so only the teeth run here)
     "tool_backends/identity.py": ["tests/tool_backends/test_identity_teeth.py"],

@@ -195,6 +195,22 @@ def test_a_head_under_the_bound_is_read_whole_and_one_over_is_refused(serve):
     assert conn.will_close is True
 
 
+def test_a_head_under_the_bound_that_arrives_in_pieces_is_read_whole(serve):
+    """h11 checks its buffer against its bound only while a head is incomplete: sent in one piece,
+    a 40 KB head parses before any check (the test above), so only a head that arrives in parts
+    shows that the client raised h11's 16 KiB default to its own 64 KiB."""
+    head = b"HTTP/1.1 200 OK\r\nx-big: " + b"v" * 40000 + b"\r\ncontent-length: 2\r\n\r\nok"
+
+    def in_pieces(server, conn, reader):
+        server.next(reader)
+        for i in range(0, len(head), 4096):
+            conn.sendall(head[i:i + 4096])
+            time.sleep(0.01)
+
+    response = connect(serve(in_pieces)).request("GET", "/", None, {}, 3.0)
+    assert response.content == b"ok" and len(response.headers["x-big"]) == 40000
+
+
 def test_exactly_max_headers_pass_and_one_more_is_refused(serve):
     def answer(n):
         return (b"HTTP/1.1 200 OK\r\n" + b"".join(b"h%d: v\r\n" % i for i in range(n - 1))

@@ -49,11 +49,12 @@ class LoopbackCluster:
         self.root = tempfile.mkdtemp(prefix="mvr", dir="/tmp")  # short: Ray's socket paths are length-bound
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        # Ray's auth mode as this (driver) process has it: a local ray.init() earlier in the process
-        # sets RAY_AUTH_MODE=token in os.environ, and nodes forced to "disabled" then could not answer
-        # this driver (a Serve replica's reply timed out). Inherited, both sides agree: token when an
-        # earlier ray.init set it or ~/.ray/auth_token exists, else off.
-        self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # Ray's token auth, set explicitly for every side (the nodes, the `ray status` CLI, the driver:
+        # token_auth_driver): left to inherit, the sides disagreed. `ray start` turns token auth on when
+        # ~/.ray/auth_token exists while a CLI with RAY_AUTH_MODE unset sends no token ("the head node
+        # not up"), and a driver that ran a local ray.init() earlier stays in token mode for good, so
+        # nodes forced to "disabled" could not answer it (a Serve replica's reply timed out).
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
         self.nodes: list[subprocess.Popen] = []
 
     def _start(self, name: str, *args: str) -> None:
@@ -70,6 +71,8 @@ class LoopbackCluster:
         log.close()
 
     def start(self) -> None:
+        # the token every side reads (~/.ray/auth_token; made once if missing, printed to no log)
+        subprocess.run([RAY, "get-auth-token", "--generate"], env=self.env, capture_output=True, check=True)
         self._start("a", "--head", f"--port={self.port}", "--include-dashboard=false",
                     f"--resources={json.dumps({'node_a': 1})}")
         self._wait(lambda: subprocess.run([RAY, "status", f"--address={self.address}"], env=self.env,
@@ -130,6 +133,14 @@ def _session_pids(sid: int) -> list[int]:
     return out
 
 
+def token_auth_driver() -> None:
+    """This process as a token-auth Ray driver, as a local ``ray.init()`` makes it (Ray's own step:
+    ``RAY_AUTH_MODE=token`` in the environment and its cached config refreshed), whatever ran before."""
+    from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+    _enable_token_auth()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     if ray.is_initialized():  # another module's local Ray: this test drives its own cluster
@@ -140,6 +151,7 @@ def cluster():
         env_vars = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
         if "MEDVQA_CACHE" in os.environ:
             env_vars["MEDVQA_CACHE"] = os.environ["MEDVQA_CACHE"]
+        token_auth_driver()
         ray.init(address=c.address, _node_ip_address="127.0.0.1", log_to_driver=False,
                  runtime_env={"env_vars": env_vars})
         c.wait_for_both()

@@ -38,6 +38,7 @@ def cluster():
     try:
         c.start()
         env_vars = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+        module.token_auth_driver()
         ray.init(address=c.address, _node_ip_address="127.0.0.1", log_to_driver=False,
                  runtime_env={"env_vars": env_vars})
         c.wait_for_both()

@@ -30,6 +30,8 @@ ROWS = [  # (row name in protocol.json, what the table calls it)
     ("more_sft", "more SFT: the warm start + as many SFT steps as GRPO took"),
     ("tool_sft", "tool SFT from scratch: every gold trajectory calls the tool, same total steps"),
     ("notool_sft", "no-tool SFT from scratch: no tools in the env, same total steps"),
+    ("imperfect_sft", "imperfect-demonstration SFT from scratch: 0.25 answer without the tool, 0.25 of the callers misread it"),
+    ("rft", "rejection-sampling FT from the warm start: GRPO's sampled episodes, SFT on the right ones"),
     ("question_prior", "question text only: most common training answer for the question"),
     ("constant", "best constant answer (chosen on the held-out questions)"),
 ]
@@ -114,7 +116,7 @@ def setting(folder: Path) -> tuple[dict, str]:
     result = report(args, folder)  # recomputed from the run files, not read back
     key = result["metric"]
     checked, questions = 0, set()
-    for name in ("grpo", "more_sft", "tool_sft", "notool_sft"):
+    for name in ("grpo", "more_sft", "tool_sft", "notool_sft", "imperfect_sft", "rft"):  # the last two: issue 46 on
         for seed in result["rows"].get(name, {}).get("per_seed", {}):
             questions.add(check_answers(folder / f"{name}_s{seed}", key)["questions"])
             checked += 1

@@ -102,9 +102,32 @@ def reading_rules(folder: Path, runs: list[str], args) -> dict[str, float]:
     return fig
 
 
+def ablation_answered(folder: Path, mode: str) -> float | None:
+    """The share of a run's last held-out evaluation under the ablation ``mode`` that ended with an
+    answer, from its stored answers (None where the run has no such evaluation). An ablated image can
+    break a tiny policy's format as well as take away what it sees: a "drop" on episodes that never
+    answered measures the first."""
+    from train.protocol import read_jsonl
+
+    rows = read_jsonl(folder / "heldout_answers.jsonl")
+    steps = [r["step"] for r in rows if r["tag"] == mode]
+    if not steps:
+        return None
+    last = [r for r in rows if r["tag"] == mode and r["step"] == max(steps)]
+    return sum(r["answer"] is not None for r in last) / len(last)
+
+
 def _cell(row: dict, name: str, fmt: str = ".3f") -> str:
     v = row.get(name)
     return "–" if v is None else format(v, fmt)
+
+
+def _drop_cell(fig: dict, name: str, mode: str) -> str:
+    """A row's mean drop under an ablation, and the seeds whose ablated episodes mostly never answered."""
+    cell = _cell(fig, f"{name}.{mode}_drop", "+.3f")
+    if fig.get(f"{name}.{mode}_broken_seeds"):
+        cell += f" (seeds {fig[f'{name}.{mode}_broken_which']}: no answer)"
+    return cell
 
 
 def setting(folder: Path) -> tuple[dict, str]:
@@ -185,6 +208,17 @@ def setting(folder: Path) -> tuple[dict, str]:
             drops = [p[f"{mode}_drop"] for p in per if p.get(f"{mode}_drop") is not None]
             if drops:
                 fig[f"{name}.{mode}_drop"] = sum(drops) / len(drops)
+            answered = {seed: ablation_answered(folder / f"{name}_s{seed}", mode) for seed in row["per_seed"]}
+            answered = {seed: a for seed, a in answered.items() if a is not None}
+            if answered:  # seeds whose ablated episodes mostly ended without an answer: the format broke
+                broken = sorted(seed for seed, a in answered.items() if a < 0.5)
+                fig[f"{name}.{mode}_answered_min"] = min(answered.values())
+                fig[f"{name}.{mode}_broken_seeds"] = len(broken)
+                fig[f"{name}.{mode}_broken_which"] = ", ".join(map(str, broken)) or "none"
+                kept = [row["per_seed"][seed][f"{mode}_drop"] for seed in answered if seed not in broken
+                        and row["per_seed"][seed].get(f"{mode}_drop") is not None]
+                if kept:  # the drop over the seeds that still answered
+                    fig[f"{name}.{mode}_drop_answered"] = sum(kept) / len(kept)
         cpu = [p["cpu_s"] for p in per if p.get("cpu_s")] or ([row["cpu_s"]] if row.get("cpu_s") else [])
         if cpu:
             fig[f"{name}.cpu_min_max"] = max(cpu) / 60
@@ -201,9 +235,9 @@ def setting(folder: Path) -> tuple[dict, str]:
         builds = f" ({row['tool_builds']})" if row.get("tool_builds") else ""
         lines.append(f"| {label} | {row['seeds']}{builds} | {spread} | {seeds} | "
                      f"{fig[f'{name}.distinct_min']:.0f} / {fig[f'{name}.distinct_median']:.0f} / {fig[f'{name}.distinct']:.0f} | "
-                     f"{fig[f'{name}.calls']:.2f} | {_cell(fig, f'{name}.blank_drop', '+.3f')} | "
-                     f"{_cell(fig, f'{name}.blank_policy_drop', '+.3f')} | "
-                     f"{_cell(fig, f'{name}.shuffle_drop', '+.3f')} | {_cell(fig, f'{name}.cpu_min_max', '.1f')} |")
+                     f"{fig[f'{name}.calls']:.2f} | {_drop_cell(fig, name, 'blank')} | "
+                     f"{_drop_cell(fig, name, 'blank_policy')} | "
+                     f"{_drop_cell(fig, name, 'shuffle')} | {_cell(fig, f'{name}.cpu_min_max', '.1f')} |")
     # grpo_minus.*: seed against seed (as recorded before issue 42; where seeds share tool builds and warm
     # starts they are not independent); grpo_minus_units.*: the verdict's units (seeds, or one value per build)
     seed_level = result.get("grpo_minus_by_seed") or result["grpo_minus"]

@@ -92,3 +92,30 @@ def test_the_any_box_reading_is_counted_from_the_tools_recorded_outputs(bench):
     recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_protocol.json").read_text())["figures"]
     assert recorded["closed_v1.reading.questions"] == len(presence)
     assert recorded["closed_v1.reading.any.accuracy"] == pytest.approx(sum(found) / len(found))
+
+
+def test_an_ablation_whose_episodes_never_answered_is_marked_not_counted_as_a_lost_image(bench, tmp_path):
+    """A blank image can break a tiny policy's tool-call format (closed_independent seeds 3 and 4: every
+    blank episode ends at the turn limit). The bench counts the share of ablated episodes that answered,
+    from the stored answers, marks such seeds and gives the drop over the seeds that still answered."""
+    folder = RUNS / "closed_independent"
+    rows = answers(folder / "grpo_s3")
+    last = max(r["step"] for r in rows if r["tag"] == "blank")
+    blank = [r for r in rows if r["tag"] == "blank" and r["step"] == last]
+    assert blank and all(r["answer"] is None for r in blank)  # what the committed answers hold
+    assert bench.ablation_answered(folder / "grpo_s3", "blank") == 0.0
+    assert bench.ablation_answered(folder / "grpo_s0", "blank") == 1.0
+    assert bench.ablation_answered(folder / "more_sft_s0", "nonexistent") is None
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_protocol.json").read_text())["figures"]
+    assert recorded["closed_independent.grpo.blank_broken_which"] == "3, 4"
+    report = json.loads((folder / "protocol.json").read_text())["rows"]["grpo"]["per_seed"]
+    kept = [report[s]["blank_drop"] for s in ("0", "1", "2")]
+    assert recorded["closed_independent.grpo.blank_drop_answered"] == pytest.approx(sum(kept) / len(kept))
+    # one answered episode more than half on a copy of seed 3: no longer marked
+    copy = tmp_path / "grpo_s3"
+    shutil.copytree(folder / "grpo_s3", copy)
+    for r in blank[: len(blank) // 2 + 1]:
+        r["answer"] = "no"
+    kept_rows = [r for r in rows if not (r["tag"] == "blank" and r["step"] == last)] + blank
+    (copy / "heldout_answers.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in kept_rows).encode()))
+    assert bench.ablation_answered(copy, "blank") > 0.5

@@ -117,6 +117,36 @@ def ablation_answered(folder: Path, mode: str) -> float | None:
     return sum(r["answer"] is not None for r in last) / len(last)
 
 
+def kl_figures(folder: Path, choice: dict) -> tuple[dict, str]:
+    """The ``kl`` stage's choice (``kl_choice.json``), each candidate's val figure recomputed from its
+    run's stored answers (``train.protocol.val_scores``) and checked against the record; a table."""
+    from train.protocol import choose_kl, metric_key, read_jsonl, val_scores
+
+    args = json.loads((folder / f"kl_val_{choice['chosen']:g}_s{choice['seed']}" / "args.json").read_text())["args"]
+    key = metric_key(args.get("answer_types"))
+    scores = {float(c): val_scores(folder / f"kl_val_{c}_s{choice['seed']}", key) for c in choice["val"]}
+    again = choose_kl(scores, float(choice["default"]))
+    if again["chosen"] != choice["chosen"] or again["val"] != choice["val"]:
+        raise SystemExit(f"{folder}: the stored val answers give {again['val']} -> {again['chosen']}; "
+                         f"kl_choice.json says {choice['val']} -> {choice['chosen']}")
+    runs = {r["name"]: r for r in read_jsonl(folder / "runs.jsonl")}
+    fig: dict = {"kl.chosen": choice["chosen"], "kl.default": choice["default"], "kl.best": choice["best"],
+                 "kl.seed": choice["seed"], "kl.tool_build": choice["tool_build"],
+                 "kl.questions": min(choice["questions"].values())}
+    lines = ["| GRPO KL coefficient | val " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")
+             + " (seed " + str(choice["seed"]) + ", its warm start) | CPU min |", "|---:|---:|---:|"]
+    for c, v in choice["val"].items():
+        fig[f"kl.val.{c}"] = v
+        cpu = runs.get(f"kl_val_{c}_s{choice['seed']}", {}).get("cpu_s")
+        mark = " (chosen)" if float(c) == choice["chosen"] else ""
+        lines.append(f"| {c}{mark} | {v:.3f} | {cpu / 60:.1f} |" if cpu else f"| {c}{mark} | {v:.3f} | – |")
+    if choice.get("best_minus_default"):
+        fig["kl.best_minus_default"] = choice["best_minus_default"]["difference"]
+        fig["kl.best_minus_default_se"] = choice["best_minus_default"]["se"]
+    fig["kl.table"] = "\n".join(lines)
+    return fig, "\n".join(lines)
+
+
 def _cell(row: dict, name: str, fmt: str = ".3f") -> str:
     v = row.get(name)
     return "–" if v is None else format(v, fmt)
@@ -298,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
             table = fig["table"] = table + "\n| " + " | ".join(cells) + " |"
         figures.update({f"{folder.name}.{k}": v for k, v in fig.items()})
         sections += [f"### {folder.name}", "", table, ""]
+    for folder in sorted(p.parent for p in RUNS.glob("*/kl_choice.json")):  # the KL chosen on val (issue 42)
+        fig, table = kl_figures(folder, json.loads((folder / "kl_choice.json").read_text()))
+        figures.update({f"{folder.name}.{k}": v for k, v in fig.items()})
+        sections += [f"### {folder.name}: the GRPO KL coefficient chosen on val", "", table, ""]
     for name, folder in verl_runs.items():  # verl's runs of a setting whose native runs are not exported yet
         fig, _, table = verl_setting(folder)
         figures.update({f"{name}.{k}": v for k, v in fig.items()})

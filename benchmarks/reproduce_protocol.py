@@ -56,7 +56,7 @@ FLAGS = ["--seeds", "0,1", "--tools", json.dumps(TOOLS), "--sft-steps", "100", "
          "--sft-batch-size", "16", "--val-size", "32", "--eval-size", "32", "--grpo-steps", "24",
          "--grpo-lr", "1e-3", "--prompts-per-step", "8", "--group-size", "16", "--eval-every", "12", "--micro-batch", "64",
          "--ablations", "blank_policy", "--probe-samples", "2", "--baselines", "question_prior,constant",
-         "--tool-share", "0.75"]
+         "--tool-share", "0.75", "--kl-candidates", ""]
 ROWS = ("grpo", "warm_start", "more_sft", "tool_sft", "notool_sft", "question_prior", "constant")
 
 

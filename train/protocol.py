@@ -55,13 +55,13 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from medvqa_env.cli import run_cli
 
-STAGES = ("warm", "grpo", "baselines", "report")
+STAGES = ("warm", "kl", "grpo", "baselines", "report")
 TRAINED_BASELINES = ("more_sft", "tool_sft", "notool_sft", "imperfect_sft", "rft")
 FROM_WARM_START = ("more_sft", "rft")  # the baselines that start where GRPO starts
 ANSWER_BASELINES = ("question_prior", "constant")
@@ -75,8 +75,8 @@ class Args:
 
     out: str = "runs/protocol"
     """working folder (checkpoints, run folders, runs.jsonl, protocol.json)"""
-    stages: str = "warm,grpo,baselines,report"
-    """which stages to run (comma list of warm, grpo, baselines, report); finished runs are skipped"""
+    stages: str = "warm,kl,grpo,baselines,report"
+    """which stages to run (comma list of warm, kl, grpo, baselines, report); finished runs are skipped"""
     export: str = ""
     """copy the small run files (no weights) into this folder when the report is written"""
     seeds: str = "0,1,2,3,4"
@@ -147,7 +147,12 @@ class Args:
     """the env's reward for a turn that neither calls a tool nor answers, in every reward-trained run (GRPO);
     fixed in advance, not tuned (records before issue 42 ran with 0)"""
     kl_coef: float = 0.01
-    """GRPO's KL coefficient to the warm start (k3), recorded"""
+    """GRPO's KL coefficient to the warm start (k3), recorded: the default the ``kl`` stage keeps unless val
+    says otherwise"""
+    kl_candidates: str = "0,0.01,0.05"
+    """the ``kl`` stage: KL coefficients tried on val before GRPO (one GRPO run each from the first seed's
+    warm start, evaluated on the val questions); the chosen one goes to every reward-trained run (GRPO,
+    rft). Empty: ``kl_coef`` as given, no choice (records before issue 42's KL choice)"""
 
 
 # ==============================================================================================
@@ -403,18 +408,103 @@ def warm_checkpoint(out: Path, choice: dict[str, Any]) -> str:
 # ==============================================================================================
 # Stage 2: GRPO over seeds
 # ==============================================================================================
-def reward_trained_run(args: Args, out: Path, name: str, algo: str, seed: int, warm: dict[int, dict[str, Any]]) -> None:
+def reward_trained_run(args: Args, out: Path, name: str, algo: str, seed: int, warm: dict[int, dict[str, Any]],
+                       split: str = "test") -> None:
     """One ``train.grpo`` run from seed ``seed``'s warm start: GRPO itself, or the ``rft`` baseline
-    with every setting, the reward (format penalty included) and the sampled episodes the same."""
+    with every setting, the reward (format penalty included) and the sampled episodes the same. On
+    ``split="val"`` (the KL choice) it is evaluated on the val questions, without ablations."""
     build = build_of(args, seed)
+    size, ablations = (args.eval_size, args.ablations) if split == "test" else (args.val_size, "")
     argv = ["--policy", warm_checkpoint(out, warm[build]), "--seed", str(seed), "--algo", algo, "--steps", str(args.grpo_steps),
             "--prompts_per_step", str(args.prompts_per_step), "--group_size", str(args.group_size),
             "--lr", str(args.grpo_lr), "--temperature", str(args.temperature), "--micro_batch",
-            str(args.micro_batch), "--eval_split", "test", "--eval_size", str(args.eval_size), "--eval_every",
-            str(args.eval_every), "--eval_ablations", args.ablations, "--save_every", str(args.grpo_steps),
+            str(args.micro_batch), "--eval_split", split, "--eval_size", str(size), "--eval_every",
+            str(args.eval_every), "--eval_ablations", ablations, "--save_every", str(args.grpo_steps),
             "--keep", "1", "--tensorboard", "false", "--kl_coef", str(args.kl_coef), "--out", str(out / f"{name}_s{seed}"),
             *_common(args, build=build)]
     run(out, f"{name}_s{seed}", "train.grpo", argv)
+
+
+KL_RULE = ("the default kl_coef stays unless the best candidate's final val figure is above the default's by more "
+           "than two standard errors of their difference, paired by question; then the best candidate")
+"""How the ``kl`` stage chooses (:func:`choose_kl`), fixed in advance."""
+
+
+def kl_candidates(args: Args) -> list[float]:
+    return [float(c) for c in str(args.kl_candidates).split(",") if c.strip()]
+
+
+def val_scores(folder: Path, key: str) -> dict[str, float]:
+    """Per-question scores of a run's last held-out (here: val) evaluation, from its stored answers:
+    1/0 for accuracy, the mean of the four open metrics for the ARMed Avg (unscored answers left out,
+    as the run's own figure leaves them)."""
+    rows = [r for r in read_jsonl(folder / "heldout_answers.jsonl") if r["tag"] is None]
+    if not rows:
+        raise ValueError(f"{folder}: no stored held-out answers to choose on")
+    last = max(r["step"] for r in rows)
+    scores = {}
+    for r in rows:
+        if r["step"] != last:
+            continue
+        if key == "eval/accuracy":
+            scores[r["record_id"]] = float(bool(r["correct"]))
+        elif r.get("open_metrics"):
+            scores[r["record_id"]] = sum(r["open_metrics"].values()) / len(r["open_metrics"])
+    return scores
+
+
+def choose_kl(scores: Mapping[float, Mapping[str, float]], default: float) -> dict[str, Any]:
+    """The KL coefficient by :data:`KL_RULE` from each candidate's per-question val scores.
+
+    >>> same = {f"q{i}": float(i % 2) for i in range(100)}
+    >>> choose_kl({0.0: same, 0.01: same, 0.05: {**same, "q0": 1.0}}, 0.01)["chosen"]  # one question: noise
+    0.01
+    >>> better = {f"q{i}": 1.0 for i in range(100)}
+    >>> choose_kl({0.0: better, 0.01: same}, 0.01)["chosen"]
+    0.0
+    """
+    if not scores:
+        raise ValueError("expected at least one KL candidate, got none")
+    means = {c: sum(v.values()) / len(v) for c, v in scores.items()}
+    best = max(means, key=lambda c: (means[c], c == default))
+    chosen = default if default in scores else best
+    paired = None
+    if best != chosen:
+        ids = sorted(set(scores[best]) & set(scores[chosen]))
+        diffs = [scores[best][i] - scores[chosen][i] for i in ids]
+        mean = sum(diffs) / len(diffs)
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) if len(diffs) > 1 else 0.0
+        se = sd / math.sqrt(len(diffs))
+        paired = {"difference": round(mean, 6), "se": round(se, 6), "questions": len(diffs)}
+        if mean > 2 * se:
+            chosen = best
+    return {"chosen": chosen, "default": default, "best": best, "rule": KL_RULE,
+            "val": {f"{c:g}": round(m, 6) for c, m in sorted(means.items())},
+            "questions": {f"{c:g}": len(v) for c, v in sorted(scores.items())}, "best_minus_default": paired}
+
+
+def kl_choice(args: Args, out: Path, warm: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The ``kl`` stage: one GRPO run per candidate from the first seed's warm start, each evaluated
+    on the val questions; the choice (:func:`choose_kl`) and every candidate's figure go to
+    ``kl_choice.json``. Nothing here sees a test question."""
+    seed = seeds_of(args)[0]
+    scores = {}
+    for coef in kl_candidates(args):
+        name = f"kl_val_{coef:g}"
+        reward_trained_run(replace(args, kl_coef=coef), out, name, "grpo", seed, warm, split="val")
+        scores[coef] = val_scores(out / f"{name}_s{seed}", metric_key(args.answer_types))
+    choice = {**choose_kl(scores, args.kl_coef), "seed": seed, "tool_build": build_of(args, seed)}
+    (out / "kl_choice.json").write_text(json.dumps(choice, indent=1) + "\n")
+    print(f"[protocol] KL on val: {choice['val']} -> {choice['chosen']:g} ({KL_RULE})", flush=True)
+    return choice
+
+
+def chosen_kl(args: Args, out: Path) -> Args:
+    """``args`` with the KL coefficient the ``kl`` stage chose (when it ran in this folder)."""
+    path = out / "kl_choice.json"
+    if kl_candidates(args) and path.is_file():
+        return replace(args, kl_coef=float(json.loads(path.read_text())["chosen"]))
+    return args
 
 
 def grpo_runs(args: Args, out: Path, warm: dict[int, dict[str, Any]]) -> None:
@@ -784,7 +874,9 @@ def report(args: Args, out: Path) -> dict[str, Any]:
                             {s: r["metric"] for s, r in row["per_seed"].items()})
                 by_seed[name] = compare({s: r["metric"] for s, r in rows["grpo"]["per_seed"].items()}, per_seed)
     recorded_args = {k: v for k, v in asdict(args).items() if k not in ("out", "export")}  # no machine's paths
-    return {"args": recorded_args, "metric": key, "warm_start": warm.get(0) or next(iter(warm.values()), {}),
+    kl = json.loads((out / "kl_choice.json").read_text()) if (out / "kl_choice.json").is_file() else None
+    return {"args": recorded_args, "metric": key, **({"kl_choice": kl} if kl else {}),
+            "warm_start": warm.get(0) or next(iter(warm.values()), {}),
             "warm_starts": warm, "tool_builds": len(builds_of(args)) if trained_tools(args) else 0, "rows": rows,
             "unit": unit, "grpo_minus": comparisons, **({"grpo_minus_by_seed": by_seed} if by_seed else {}),
             "beats_every_baseline": bool(comparisons) and all(c["beats"] for c in comparisons.values())}
@@ -795,7 +887,7 @@ def recorded_args(saved: dict[str, Any], out: Path) -> Args:
     protocol recorded before tool builds ran every seed on one build)."""
     known = {f for f in Args.__dataclass_fields__}
     # settings added later: what the recorded runs had (one build, no format penalty, no probe, KL 0.01)
-    before = {"tool_builds": 1, "format_penalty": 0.0, "probe_samples": 0, "kl_coef": 0.01}
+    before = {"tool_builds": 1, "format_penalty": 0.0, "probe_samples": 0, "kl_coef": 0.01, "kl_candidates": ""}
     return Args(**{**before, **{k: v for k, v in saved.items() if k in known}, "out": str(out)})
 
 
@@ -817,7 +909,7 @@ def export(out: Path, dest: Path) -> None:
 
     dest.mkdir(parents=True, exist_ok=True)
     top = [p for p in out.iterdir() if p.is_file() and (p.name in ("protocol.json", "runs.jsonl", "answer_baselines.json")
-                                                         or p.name.startswith(("warm_start", "tool_outputs")))]
+                                                         or p.name.startswith(("warm_start", "tool_outputs", "kl_choice")))]
     for path in top:
         (dest / path.name).write_text(relative_paths(path.read_text(), out))
     for folder in sorted(p for p in out.iterdir() if p.is_dir() and (p / "DONE").is_file() or p.name == "answer_baselines"):
@@ -864,13 +956,17 @@ def main(args: Args) -> int:
         print(f"[protocol] warning: {len(seeds_of(args))} seeds; a learning claim needs at least 5", flush=True)
     (out / "protocol_args.json").write_text(json.dumps(asdict(args), indent=1) + "\n")
     baselines = baselines_of(args)
-    needs_warm = "grpo" in stages or ("baselines" in stages and any(b in baselines for b in FROM_WARM_START))
+    needs_warm = ("grpo" in stages or ("kl" in stages and kl_candidates(args))
+                  or ("baselines" in stages and any(b in baselines for b in FROM_WARM_START)))
     warm: dict[int, dict[str, Any]] = {}
     for build in builds_of(args):
         if "warm" in stages:
             warm[build] = warm_start(args, out, build)
         elif needs_warm:
             warm[build] = json.loads(warm_names(out, build)[2].read_text())
+    if "kl" in stages and kl_candidates(args):
+        kl_choice(args, out, warm)
+    args = chosen_kl(args, out)  # every reward-trained run below: the KL val chose
     if "grpo" in stages:
         grpo_runs(args, out, warm)
     if "baselines" in stages:
@@ -880,6 +976,8 @@ def main(args: Args) -> int:
                     sft_baseline(args, out, name, seed, warm)
         if any(b in baselines for b in ANSWER_BASELINES):
             answer_baselines(args, out)
+    if "report" not in stages and "kl" in stages and args.export:  # the KL choice alone, exported
+        export(out, Path(args.export))
     if "report" in stages:
         result = report(args, out)
         if "grpo" not in result["rows"]:  # nothing to compare: a report of baselines alone is no result

@@ -1,0 +1,107 @@
+"""The KL coefficient is chosen on val (issue 42): one GRPO run per candidate from the first seed's warm
+start, evaluated on val questions only, chosen by a rule fixed in advance (the default stays unless
+another candidate is better by more than two standard errors of the paired difference), recorded,
+and given to every reward-trained run (GRPO and rft). Each trainer run is replaced by a stand-in that
+parses the argv with the trainer's own parser and writes the files that trainer writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from train import evaluate, grpo, protocol, sft
+from train.common import parse_args
+
+TOOLS = "ground=trained"
+QUESTIONS = 100
+
+
+def _fake_runs(monkeypatch, right_by_kl):
+    """``protocol.run`` stood in; a GRPO run on val answers ``right_by_kl[kl_coef]`` of its
+    questions right (stored answers, as train.grpo stores them)."""
+    calls = []
+
+    def fake_run(out, name, module, argv):
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if module == "train.evaluate":
+            ev = parse_args(evaluate.Args, argv)
+            result = {"metrics": {"eval/accuracy": 0.5}}
+            if ev.probe_samples:
+                result["probe"] = {"forced": 0.8, "forced_se": 0.02, "sampled": 0.55, "sampled_se": 0.03}
+            (folder / "eval.json").write_text(json.dumps(result))
+            calls.append((name, module, ev))
+        else:
+            args = parse_args({"train.sft": sft.Args, "train.grpo": grpo.Args}[module], argv)
+            calls.append((name, module, args))
+            (folder / "args.json").write_text(json.dumps({"args": vars(args)}, default=str))
+            every = args.save_every or args.steps
+            rows = [{"step": s, "eval/accuracy": 0.7, "eval/distinct_answers": 2} for s in range(every, args.steps + 1, every)]
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            for r in rows:
+                (folder / "checkpoints" / f"step_{r['step']:06d}").mkdir(parents=True, exist_ok=True)
+            if module == "train.grpo" and args.eval_split == "val":
+                right = right_by_kl[args.kl_coef]
+                answers = [{"step": args.steps, "tag": None, "record_id": f"val_{i:04d}", "correct": i < right,
+                            "answer": "yes"} for i in range(QUESTIONS)]
+                (folder / "heldout_answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
+        (folder / "DONE").write_text("{}")
+        with open(out / "runs.jsonl", "a") as f:
+            f.write(json.dumps({"name": name, "rc": 0, "cpu_s": 1.0}) + "\n")
+        return {"name": name, "rc": 0}
+
+    monkeypatch.setattr(protocol, "run", fake_run)
+    return calls
+
+
+def _args(tmp_path, **kw):
+    kw = {"stages": "warm,kl,grpo,baselines", **kw}
+    return protocol.Args(out=str(tmp_path), tools=TOOLS, seeds="0,1,2,3,4", sft_steps=50, sft_save_every=25,
+                         grpo_steps=10, val_size=QUESTIONS, baselines="rft", **kw)
+
+
+def test_a_candidate_better_on_val_beyond_noise_is_chosen_and_every_reward_trained_run_gets_it(tmp_path, monkeypatch):
+    calls = _fake_runs(monkeypatch, {0.0: 60, 0.01: 60, 0.05: 85})
+    assert protocol.main(_args(tmp_path)) == 0
+    by_name = {name: a for name, _, a in calls}
+    kl_runs = {name: a for name, a in by_name.items() if name.startswith("kl_val_")}
+    assert set(kl_runs) == {"kl_val_0_s0", "kl_val_0.01_s0", "kl_val_0.05_s0"}
+    for a in kl_runs.values():  # on val, from the first seed's warm start and build, no ablations
+        assert a.eval_split == "val" and a.eval_size == QUESTIONS and not a.eval_ablations
+        assert a.policy == by_name["grpo_s0"].policy and a.tool_opt == ["ground.seed=0"] and a.seed == 0
+    assert not any(a.eval_split == "test" for name, a in kl_runs.items())  # nothing chosen sees a test question
+    for seed in range(5):
+        assert by_name[f"grpo_s{seed}"].kl_coef == 0.05 and by_name[f"rft_s{seed}"].kl_coef == 0.05
+        assert by_name[f"grpo_s{seed}"].eval_split == "test"
+    record = json.loads((tmp_path / "kl_choice.json").read_text())
+    assert record["chosen"] == 0.05 and record["default"] == 0.01 and record["val"] == {"0": 0.6, "0.01": 0.6, "0.05": 0.85}
+    assert record["best_minus_default"]["difference"] == pytest.approx(0.25) and record["rule"] == protocol.KL_RULE
+    # a later run of the stages alone reads the choice back, and the report records it
+    calls.clear()
+    assert protocol.main(protocol.Args(**{**vars(_args(tmp_path)), "stages": "grpo"})) == 0
+    assert protocol.chosen_kl(_args(tmp_path), tmp_path).kl_coef == 0.05
+    assert protocol.report(protocol.chosen_kl(_args(tmp_path), tmp_path), tmp_path)["kl_choice"]["chosen"] == 0.05
+
+
+def test_a_lead_within_noise_keeps_the_default(tmp_path, monkeypatch):
+    """Two questions out of 100 ahead is not a choice the val set can make: the default stays."""
+    calls = _fake_runs(monkeypatch, {0.0: 60, 0.01: 60, 0.05: 62})
+    assert protocol.main(_args(tmp_path)) == 0
+    record = json.loads((tmp_path / "kl_choice.json").read_text())
+    assert record["best"] == 0.05 and record["chosen"] == 0.01
+    assert 0 < record["best_minus_default"]["difference"] < 2 * record["best_minus_default"]["se"]
+    assert all(a.kl_coef == 0.01 for name, _, a in calls if name.startswith(("grpo_s", "rft_s")))
+
+
+def test_no_candidates_no_choice(tmp_path, monkeypatch):
+    calls = _fake_runs(monkeypatch, {})
+    args = _args(tmp_path, kl_candidates="", kl_coef=0.02, stages="kl")
+    assert protocol.main(args) == 0
+    assert not calls and not (tmp_path / "kl_choice.json").exists()
+    (tmp_path / "kl_choice.json").write_text(json.dumps({"chosen": 0.05}))  # a choice left by another setting
+    assert protocol.chosen_kl(args, tmp_path).kl_coef == 0.02  # no candidates: the given coefficient
+
+
+def test_records_made_before_the_choice_read_as_no_choice():
+    assert protocol.recorded_args({"seeds": "0"}, protocol.Path("/nonexistent")).kl_candidates == ""

@@ -900,19 +900,25 @@ def write_report(out: Path, result: dict[str, Any]) -> Path:
 GZIPPED = ("heldout_answers.jsonl", "eval.answers.jsonl")  # every held-out answer: large, very repetitive
 
 
-def export(out: Path, dest: Path) -> None:
+def export(out: Path, dest: Path, only: str = "") -> None:
     """Copy what a reader needs (no weights): each run's args, metrics and held-out answers (the
     answer files gzipped, ~60x smaller), the warm-start choices, the runs' CPU seconds, the answer
     baselines, the tools' outputs and the report -- with every path of this machine made relative
-    (to the protocol folder, the repository, or ``$MEDVQA_CACHE``)."""
+    (to the protocol folder, the repository, or ``$MEDVQA_CACHE``). ``only``: the files and runs
+    whose names start with it (``runs.jsonl``: their lines), e.g. ``kl`` for the KL choice alone."""
     import gzip
 
     dest.mkdir(parents=True, exist_ok=True)
     top = [p for p in out.iterdir() if p.is_file() and (p.name in ("protocol.json", "runs.jsonl", "answer_baselines.json")
-                                                         or p.name.startswith(("warm_start", "tool_outputs", "kl_choice")))]
+                                                         or p.name.startswith(("warm_start", "tool_outputs", "kl_choice")))
+           and (p.name.startswith(only) or p.name == "runs.jsonl")]
     for path in top:
-        (dest / path.name).write_text(relative_paths(path.read_text(), out))
-    for folder in sorted(p for p in out.iterdir() if p.is_dir() and (p / "DONE").is_file() or p.name == "answer_baselines"):
+        text = path.read_text()
+        if only and path.name == "runs.jsonl":
+            text = "".join(line + "\n" for line in text.splitlines() if json.loads(line)["name"].startswith(only))
+        (dest / path.name).write_text(relative_paths(text, out))
+    for folder in sorted(p for p in out.iterdir() if (p.is_dir() and (p / "DONE").is_file() or p.name == "answer_baselines")
+                         and p.name.startswith(only)):
         target = dest / folder.name
         target.mkdir(exist_ok=True)
         for f in (*RUN_FILES, "DONE", "eval.json", "eval.answers.jsonl"):
@@ -977,7 +983,7 @@ def main(args: Args) -> int:
         if any(b in baselines for b in ANSWER_BASELINES):
             answer_baselines(args, out)
     if "report" not in stages and "kl" in stages and args.export:  # the KL choice alone, exported
-        export(out, Path(args.export))
+        export(out, Path(args.export), only="kl")
     if "report" in stages:
         result = report(args, out)
         if "grpo" not in result["rows"]:  # nothing to compare: a report of baselines alone is no result

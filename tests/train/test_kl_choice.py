@@ -105,3 +105,16 @@ def test_no_candidates_no_choice(tmp_path, monkeypatch):
 
 def test_records_made_before_the_choice_read_as_no_choice():
     assert protocol.recorded_args({"seeds": "0"}, protocol.Path("/nonexistent")).kl_candidates == ""
+
+
+def test_the_kl_stage_alone_exports_the_choice_and_its_runs_only(tmp_path, monkeypatch):
+    _fake_runs(monkeypatch, {0.0: 60, 0.01: 60, 0.05: 60})
+    work, dest = tmp_path / "work", tmp_path / "export"
+    assert protocol.main(_args(work, stages="warm,kl")) == 0
+    assert protocol.main(protocol.Args(**{**vars(_args(work)), "stages": "kl", "export": str(dest)})) == 0
+    assert sorted(p.name for p in dest.iterdir()) == ["kl_choice.json", "kl_val_0.01_s0", "kl_val_0.05_s0",
+                                                      "kl_val_0_s0", "runs.jsonl"]
+    names = [json.loads(line)["name"] for line in (dest / "runs.jsonl").read_text().splitlines()]
+    assert set(names) == {"kl_val_0.01_s0", "kl_val_0.05_s0", "kl_val_0_s0"}  # no other run's line
+    assert (dest / "kl_val_0_s0" / "heldout_answers.jsonl.gz").is_file()
+    assert str(work) not in (dest / "kl_val_0_s0" / "args.json").read_text()  # no machine's path

@@ -130,7 +130,13 @@ def kl_figures(folder: Path, choice: dict) -> tuple[dict, str]:
         raise SystemExit(f"{folder}: the stored val answers give {again['val']} -> {again['chosen']}; "
                          f"kl_choice.json says {choice['val']} -> {choice['chosen']}")
     runs = {r["name"]: r for r in read_jsonl(folder / "runs.jsonl")}
-    fig: dict = {"kl.chosen": choice["chosen"], "kl.default": choice["default"], "kl.best": choice["best"],
+    answers = []  # each candidate's final val answers: can the val set tell the candidates apart at all?
+    for c in choice["val"]:
+        rows = [r for r in read_jsonl(folder / f"kl_val_{c}_s{choice['seed']}" / "heldout_answers.jsonl") if r["tag"] is None]
+        last = max(r["step"] for r in rows)
+        answers.append({r["record_id"]: r["answer"] for r in rows if r["step"] == last})
+    same = sum(all(a.get(rid) == answers[0][rid] for a in answers[1:]) for rid in answers[0])
+    fig: dict = {"kl.same_answers": same, "kl.chosen": choice["chosen"], "kl.default": choice["default"], "kl.best": choice["best"],
                  "kl.seed": choice["seed"], "kl.tool_build": choice["tool_build"],
                  "kl.questions": min(choice["questions"].values())}
     lines = ["| GRPO KL coefficient | val " + ("accuracy" if key == "eval/accuracy" else "ARMed Avg")

@@ -119,3 +119,23 @@ def test_an_ablation_whose_episodes_never_answered_is_marked_not_counted_as_a_lo
     kept_rows = [r for r in rows if not (r["tag"] == "blank" and r["step"] == last)] + blank
     (copy / "heldout_answers.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in kept_rows).encode()))
     assert bench.ablation_answered(copy, "blank") > 0.5
+
+
+def test_the_kl_choice_is_recomputed_from_its_stored_val_answers(bench, tmp_path):
+    """The committed KL choice (closed_independent_kl) comes back from the candidates' stored val
+    answers; a record that names another choice than its answers give fails the bench."""
+    folder = RUNS / "closed_independent_kl"
+    choice = json.loads((folder / "kl_choice.json").read_text())
+    fig, _ = bench.kl_figures(folder, choice)
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "learning_protocol.json").read_text())["figures"]
+    for key, value in fig.items():
+        assert recorded[f"closed_independent_kl.{key}"] == value, key
+    assert fig["kl.chosen"] == choice["chosen"] and fig["kl.questions"] == 200
+    copy = tmp_path / "kl"
+    shutil.copytree(folder, copy)
+    (copy / "kl_choice.json").write_text(json.dumps({**choice, "chosen": 0.05}))
+    with pytest.raises((SystemExit, FileNotFoundError)):
+        bench.kl_figures(copy, {**choice, "chosen": 0.05})
+    tampered = {**choice, "val": {**choice["val"], "0.05": 0.9}}
+    with pytest.raises(SystemExit, match="stored val answers give"):
+        bench.kl_figures(copy, tampered)

@@ -409,10 +409,11 @@ def warm_checkpoint(out: Path, choice: dict[str, Any]) -> str:
 # Stage 2: GRPO over seeds
 # ==============================================================================================
 def reward_trained_run(args: Args, out: Path, name: str, algo: str, seed: int, warm: dict[int, dict[str, Any]],
-                       split: str = "test") -> None:
+                       split: str = "test", extra: list[str] | tuple[str, ...] = ()) -> None:
     """One ``train.grpo`` run from seed ``seed``'s warm start: GRPO itself, or the ``rft`` baseline
     with every setting, the reward (format penalty included) and the sampled episodes the same. On
-    ``split="val"`` (the KL choice) it is evaluated on the val questions, without ablations."""
+    ``split="val"`` (the KL choice, the levers of ``benchmarks/bench_levers.py``) it is evaluated on
+    the val questions, without ablations; ``extra``: more ``train.grpo`` flags (a lever's)."""
     build = build_of(args, seed)
     size, ablations = (args.eval_size, args.ablations) if split == "test" else (args.val_size, "")
     argv = ["--policy", warm_checkpoint(out, warm[build]), "--seed", str(seed), "--algo", algo, "--steps", str(args.grpo_steps),
@@ -421,7 +422,7 @@ def reward_trained_run(args: Args, out: Path, name: str, algo: str, seed: int, w
             str(args.micro_batch), "--eval_split", split, "--eval_size", str(size), "--eval_every",
             str(args.eval_every), "--eval_ablations", ablations, "--save_every", str(args.grpo_steps),
             "--keep", "1", "--tensorboard", "false", "--kl_coef", str(args.kl_coef), "--out", str(out / f"{name}_s{seed}"),
-            *_common(args, build=build)]
+            *_common(args, build=build), *extra]
     run(out, f"{name}_s{seed}", "train.grpo", argv)
 
 

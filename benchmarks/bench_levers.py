@@ -55,7 +55,7 @@ def train_levers(run: Path, levers: list[str], seeds: list[int], dest: Path) -> 
         build = build_of(args, seed)
         path = run / f"lever_disagreements_b{build}.json"
         if not path.is_file():
-            path.write_text(json.dumps(sorted(r.record_id for r in disagreements(args, build))) + "\n")
+            path.write_text(json.dumps(sorted(r.id for r in disagreements(args, build))) + "\n")
     for lever in levers:
         changed, extra = LEVERS[lever]
         for seed in seeds:

@@ -141,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no lever runs under {RUNS}: python benchmarks/bench_levers.py --run runs/protocol/closed", file=sys.stderr)
         return 1
     fig, table = derive(RUNS)
+    kl = RUNS.parent / "closed_independent_kl"  # the same GRPO on val, run before by the protocol's kl stage
+    if (kl / "kl_choice.json").is_file() and (RUNS / "lever_none_s0").is_dir():
+        chosen = json.loads((kl / "kl_choice.json").read_text())["chosen"]
+        again, first = val_answers(RUNS / "lever_none_s0"), val_answers(kl / f"kl_val_{chosen:g}_s0")
+        fig["none_s0.same_as_kl_run"] = sum(first.get(i) == v for i, v in again.items())
+        fig["none_s0.questions"] = len(again)
     lines = ["## Issue 46's levers on the CLOSED task, measured on val (from the committed run files)", "",
              "GRPO from the protocol's warm starts, one lever changed at a time; val accuracy and accuracy on the "
              "disagreement questions, recomputed from the stored val answers.", "", table, ""]

@@ -473,9 +473,8 @@ def choose_kl(scores: Mapping[float, Mapping[str, float]], default: float) -> di
     if best != chosen:
         ids = sorted(set(scores[best]) & set(scores[chosen]))
         diffs = [scores[best][i] - scores[chosen][i] for i in ids]
-        mean = sum(diffs) / len(diffs)
-        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) if len(diffs) > 1 else 0.0
-        se = sd / math.sqrt(len(diffs))
+        mean, sd, _, _ = t_interval(diffs)
+        se = sd / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
         paired = {"difference": round(mean, 6), "se": round(se, 6), "questions": len(diffs)}
         if mean > 2 * se:
             chosen = best

@@ -145,6 +145,9 @@ def cli_view(cls: type, overrides: Mapping[str, Any] | None = None, exclude: Seq
                                                               **extra)))
     view = dataclasses.make_dataclass(cls.__name__, specs)
     view.__doc__ = (cls.__doc__ or "").strip().split("\n\n")[0] or cls.__name__
+    # The help text is already in each field; a module with no source stops simple-parsing from
+    # parsing this file's source per field to look for it again (most of a parse's time).
+    view.__module__ = f"{__name__}.views"
     view.dict_fields = tuple(dict_fields)  # type: ignore[attr-defined]
     return view
 

@@ -10,49 +10,24 @@ import json
 
 import pytest
 
-from train import evaluate, grpo, protocol, sft
-from train.common import parse_args
+from train import protocol
 
 TOOLS = "ground=trained"
 QUESTIONS = 100
 
 
-def _fake_runs(monkeypatch, right_by_kl):
-    """``protocol.run`` stood in; a GRPO run on val answers ``right_by_kl[kl_coef]`` of its
-    questions right (stored answers, as train.grpo stores them)."""
-    calls = []
+def _fake_runs(fake_protocol_runs, right_by_kl):
+    """``protocol.run`` stood in (tests/train/conftest.py); a GRPO run on val also stores answers,
+    ``right_by_kl[kl_coef]`` of its questions right (as train.grpo stores them)."""
 
-    def fake_run(out, name, module, argv):
-        folder = out / name
-        folder.mkdir(parents=True, exist_ok=True)
-        if module == "train.evaluate":
-            ev = parse_args(evaluate.Args, argv)
-            result = {"metrics": {"eval/accuracy": 0.5}}
-            if ev.probe_samples:
-                result["probe"] = {"forced": 0.8, "forced_se": 0.02, "sampled": 0.55, "sampled_se": 0.03}
-            (folder / "eval.json").write_text(json.dumps(result))
-            calls.append((name, module, ev))
-        else:
-            args = parse_args({"train.sft": sft.Args, "train.grpo": grpo.Args}[module], argv)
-            calls.append((name, module, args))
-            (folder / "args.json").write_text(json.dumps({"args": vars(args)}, default=str))
-            every = args.save_every or args.steps
-            rows = [{"step": s, "eval/accuracy": 0.7, "eval/distinct_answers": 2} for s in range(every, args.steps + 1, every)]
-            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            for r in rows:
-                (folder / "checkpoints" / f"step_{r['step']:06d}").mkdir(parents=True, exist_ok=True)
-            if module == "train.grpo" and args.eval_split == "val":
-                right = right_by_kl[args.kl_coef]
-                answers = [{"step": args.steps, "tag": None, "record_id": f"val_{i:04d}", "correct": i < right,
-                            "answer": "yes"} for i in range(QUESTIONS)]
-                (folder / "heldout_answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
-        (folder / "DONE").write_text("{}")
-        with open(out / "runs.jsonl", "a") as f:
-            f.write(json.dumps({"name": name, "rc": 0, "cpu_s": 1.0}) + "\n")
-        return {"name": name, "rc": 0}
+    def store_val_answers(folder, module, args):
+        if module == "train.grpo" and args.eval_split == "val":
+            right = right_by_kl[args.kl_coef]
+            answers = [{"step": args.steps, "tag": None, "record_id": f"val_{i:04d}", "correct": i < right,
+                        "answer": "yes"} for i in range(QUESTIONS)]
+            (folder / "heldout_answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in answers))
 
-    monkeypatch.setattr(protocol, "run", fake_run)
-    return calls
+    return fake_protocol_runs(store_val_answers)
 
 
 def _args(tmp_path, **kw):
@@ -61,8 +36,8 @@ def _args(tmp_path, **kw):
                          grpo_steps=10, val_size=QUESTIONS, baselines="rft", **kw)
 
 
-def test_a_candidate_better_on_val_beyond_noise_is_chosen_and_every_reward_trained_run_gets_it(tmp_path, monkeypatch):
-    calls = _fake_runs(monkeypatch, {0.0: 60, 0.01: 60, 0.05: 85})
+def test_a_candidate_better_on_val_beyond_noise_is_chosen_and_every_reward_trained_run_gets_it(tmp_path, fake_protocol_runs):
+    calls = _fake_runs(fake_protocol_runs, {0.0: 60, 0.01: 60, 0.05: 85})
     assert protocol.main(_args(tmp_path)) == 0
     by_name = {name: a for name, _, a in calls}
     kl_runs = {name: a for name, a in by_name.items() if name.startswith("kl_val_")}
@@ -84,9 +59,9 @@ def test_a_candidate_better_on_val_beyond_noise_is_chosen_and_every_reward_train
     assert protocol.report(protocol.chosen_kl(_args(tmp_path), tmp_path), tmp_path)["kl_choice"]["chosen"] == 0.05
 
 
-def test_a_lead_within_noise_keeps_the_default(tmp_path, monkeypatch):
+def test_a_lead_within_noise_keeps_the_default(tmp_path, fake_protocol_runs):
     """Two questions out of 100 ahead is not a choice the val set can make: the default stays."""
-    calls = _fake_runs(monkeypatch, {0.0: 60, 0.01: 60, 0.05: 62})
+    calls = _fake_runs(fake_protocol_runs, {0.0: 60, 0.01: 60, 0.05: 62})
     assert protocol.main(_args(tmp_path)) == 0
     record = json.loads((tmp_path / "kl_choice.json").read_text())
     assert record["best"] == 0.05 and record["chosen"] == 0.01
@@ -94,8 +69,8 @@ def test_a_lead_within_noise_keeps_the_default(tmp_path, monkeypatch):
     assert all(a.kl_coef == 0.01 for name, _, a in calls if name.startswith(("grpo_s", "rft_s")))
 
 
-def test_no_candidates_no_choice(tmp_path, monkeypatch):
-    calls = _fake_runs(monkeypatch, {})
+def test_no_candidates_no_choice(tmp_path, fake_protocol_runs):
+    calls = _fake_runs(fake_protocol_runs, {})
     args = _args(tmp_path, kl_candidates="", kl_coef=0.02, stages="kl")
     assert protocol.main(args) == 0
     assert not calls and not (tmp_path / "kl_choice.json").exists()
@@ -107,8 +82,8 @@ def test_records_made_before_the_choice_read_as_no_choice():
     assert protocol.recorded_args({"seeds": "0"}, protocol.Path("/nonexistent")).kl_candidates == ""
 
 
-def test_the_kl_stage_alone_exports_the_choice_and_its_runs_only(tmp_path, monkeypatch):
-    _fake_runs(monkeypatch, {0.0: 60, 0.01: 60, 0.05: 60})
+def test_the_kl_stage_alone_exports_the_choice_and_its_runs_only(tmp_path, fake_protocol_runs):
+    _fake_runs(fake_protocol_runs, {0.0: 60, 0.01: 60, 0.05: 60})
     work, dest = tmp_path / "work", tmp_path / "export"
     assert protocol.main(_args(work, stages="warm,kl")) == 0
     assert protocol.main(protocol.Args(**{**vars(_args(work)), "stages": "kl", "export": str(dest)})) == 0

@@ -69,7 +69,7 @@ class Registry(Generic[T]):
             self._entries[key] = target
         return target
 
-    def build(self, name: str, **options: Any) -> T:
+    def build(self, name: str, /, **options: Any) -> T:  # positional-only: a tool may take a name= option
         """``get(name)(**options)``; a wrong option becomes a :class:`ConfigError` naming it
         (and the closest option the factory takes)."""
         from medvqa_env.config import check_options

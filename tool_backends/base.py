@@ -192,6 +192,13 @@ ARGUMENT_ALIASES = {"bbox_2d": "bbox", "point_2d": "point", "img_idx": "image_in
 and verl's / DeepEyes' ``image_zoom_in_tool`` (``bbox_2d``, ``img_idx``). An alias is accepted by
 any tool whose schema has the argument it stands for."""
 
+ONE_BASED_ALIASES = {"target_image": "image_index"}
+"""Aliases that count from 1 -> ours, which count from 0: verl-tool's ``pixel_reasoner`` crop
+(``crop_image``/``zoom_in``) names the image to crop ``target_image``, 1 for the first image of the
+trajectory, and later crops follow in the order this env keeps them, so ``target_image`` k is
+``image_index`` k - 1; below 1 it is refused (0 would read as -1, the last image). A value that is
+not an integer is passed on as it came, for the schema check."""
+
 
 def canonical_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """Rename aliased arguments (:data:`ARGUMENT_ALIASES`) and read a box or point written as a
@@ -200,6 +207,9 @@ def canonical_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[st
     >>> spec = ToolSpec("t", "", {"type": "object", "properties": {"bbox": {"type": "array"}}})
     >>> canonical_arguments(spec, {"bbox_2d": "[1, 2, 3, 4]"})
     {'bbox': [1, 2, 3, 4]}
+    >>> spec = ToolSpec("t", "", {"type": "object", "properties": {"image_index": {"type": "integer"}}})
+    >>> canonical_arguments(spec, {"target_image": 2})
+    {'image_index': 1}
     """
     props = spec.parameters.get("properties", {})
     out = dict(arguments)
@@ -208,6 +218,16 @@ def canonical_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> dict[st
             if name in out:
                 raise ToolError(f"Give {name!r} or {alias!r} to {spec.name!r}, not both.")
             out[name] = out.pop(alias)
+    for alias, name in ONE_BASED_ALIASES.items():
+        if alias in out and name in props and alias not in props:
+            if name in out:
+                raise ToolError(f"Give {name!r} or {alias!r} to {spec.name!r}, not both.")
+            value = out.pop(alias)
+            if isinstance(value, int) and not isinstance(value, bool):
+                if value < 1:  # 0 would become -1, which our image_index reads as the last image
+                    raise ToolError(f"{alias!r} counts the trajectory's images from 1 (the first image); got {value}.")
+                value -= 1
+            out[name] = value
     for key, value in out.items():
         if isinstance(value, str) and props.get(key, {}).get("type") == "array" and value.strip().startswith("["):
             try:

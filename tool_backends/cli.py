@@ -268,7 +268,8 @@ def _run(command: str, args) -> int:
         print(f"medvqa-tools: {apply_threads(args.torch_threads).line()}", flush=True)
         options = tool_options(names, args.engine, args.tool_opt)
         backend = LocalBackend([build_tool(n, **options[n]) for n in names])
-        app = create_app({n: backend for n in names}, _settings(args))
+        app = create_app({name: backend for name in backend.tools}, _settings(args))  # as named (a name= option)
+        names = list(backend.tools)
         print(f"medvqa-tools: serving {names} on http://{args.host}:{args.port}", flush=True)
         serve(app, args.host, args.port, args.log_level)
         return 0
@@ -302,6 +303,7 @@ def _mcp(args) -> int:
     names = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else available_tools()
     options = tool_options(names, args.engine, args.tool_opt)
     backend = LocalBackend([build_tool(n, **options[n]) for n in names])
+    names = list(backend.tools)  # as the tools name themselves (a name= option renames one)
     tools = MCPTools({n: backend for n in names}, _settings(args))
     if args.transport == "stdio":  # stdout is the protocol's: say nothing there
         run_stdio(tools)

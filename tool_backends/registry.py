@@ -30,7 +30,7 @@ def available_tools() -> list[str]:
     return TOOLS.names()
 
 
-def build_tool(name: str, **options: Any) -> Tool:
+def build_tool(name: str, /, **options: Any) -> Tool:
     """Build the registered tool ``name`` with ``options`` (e.g. ``engine``, ``model``)."""
     _ensure_builtin_tools()
     return TOOLS.build(name, **options)

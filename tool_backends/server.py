@@ -815,8 +815,8 @@ def create_app(backends: Mapping[str, ToolBackend], settings: ServerSettings | N
         if not all(isinstance(v, list) and len(v) == n for v in (ids, finish, extras)):
             raise HTTPException(400, f"expected trajectory_ids, finish and extra_fields to have {n} entries")
 
-        return await shared.answer(ids, actions, finish, extras, service.budget,
-                                   lambda *a: guarded(shared.batch, *a))
+        return json_response(await shared.answer(ids, actions, finish, extras, service.budget,
+                                                 lambda *a: guarded(shared.batch, *a)))
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc):  # keep {"detail": ...} and never echo the token

@@ -1,0 +1,78 @@
+"""verl-tool's own crop turn on our ``/get_observation``: a rollout worker trained against verl-tool's
+``pixel_reasoner`` server writes ``{"name": "crop_image", "arguments": {"bbox_2d": [...],
+"target_image": 1}}``, ``target_image`` counting the trajectory's images from 1. Our zoom answers it
+when named ``crop_image`` (``--tool-opt image_zoom_in.name=crop_image``, which crashed ``serve``
+with a TypeError before) and reads ``target_image`` k as ``image_index`` k - 1."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tool_backends.base import ToolError, ToolSpec, canonical_arguments, validate_arguments
+from tool_backends.registry import build_tool
+
+
+def _turn(box, target) -> str:
+    return ('<tool_call>{"name": "crop_image", "arguments": {"bbox_2d": %s, "target_image": %s}}</tool_call>'
+            % (json.dumps(box), json.dumps(target)))
+
+
+def _upload() -> str:
+    yy, xx = np.mgrid[:256, :256]
+    arr = (128 + 60 * np.sin(xx / 7.0) * np.cos(yy / 9.0)).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).convert("RGB").save(buf, format="JPEG", quality=95)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_target_image_counts_from_one():
+    spec = build_tool("image_zoom_in").spec
+    assert validate_arguments(spec, {"bbox_2d": [1, 2, 30, 40], "target_image": 1})["image_index"] == 0
+    assert validate_arguments(spec, {"bbox_2d": [1, 2, 30, 40], "target_image": 3})["image_index"] == 2
+    with pytest.raises(ToolError, match="counts the trajectory's images from 1"):
+        validate_arguments(spec, {"bbox_2d": [1, 2, 30, 40], "target_image": 0})  # not -1, the last image
+    with pytest.raises(ToolError, match="not both"):
+        validate_arguments(spec, {"bbox_2d": [1, 2, 30, 40], "target_image": 1, "image_index": 0})
+    # not an integer: passed on unshifted, for the schema check to name
+    assert canonical_arguments(spec, {"target_image": True})["image_index"] is True
+    with pytest.raises(ToolError, match="image_index"):
+        validate_arguments(spec, {"bbox_2d": [1, 2, 30, 40], "target_image": "1"})
+    # a tool whose schema has no image_index keeps the argument as it came (and its check refuses it)
+    plain = ToolSpec("t", "", {"type": "object", "properties": {"bbox": {"type": "array"}}})
+    assert canonical_arguments(plain, {"target_image": 1}) == {"target_image": 1}
+
+
+@pytest.fixture(scope="module")
+def crop_server(start_server):
+    return start_server(["serve", "--tools", "image_zoom_in", "--tool-opt", "image_zoom_in.name=crop_image",
+                         "--tool-opt", 'image_zoom_in.observation_image={"max_side": 168, "format": "jpeg"}'])
+
+
+def test_serve_renames_a_tool_and_answers_verl_tool_s_crop_turn(crop_server):
+    tools = httpx.get(crop_server.url + "/tools", timeout=10).json()["tools"]
+    assert [t["function"]["name"] for t in tools] == ["crop_image"]
+    upload = _upload()
+    turn1 = httpx.post(crop_server.url + "/get_observation", timeout=30, json={
+        "trajectory_ids": ["vt-1"], "actions": [_turn([64, 64, 181, 181], 1)], "finish": [False],
+        "extra_fields": [{"images": [upload]}]}).json()
+    first = turn1["observations"][0]
+    assert turn1["valids"] == [True] and "of image 0" in first["obs"]
+    crop = Image.open(io.BytesIO(base64.b64decode(first["image"][0].split(",", 1)[1])))
+    assert crop.format == "JPEG" and crop.size == (168, 168)
+    # target_image 2 is the crop the first turn returned (image 1 here)
+    turn2 = httpx.post(crop_server.url + "/get_observation", timeout=30, json={
+        "trajectory_ids": ["vt-1"], "actions": [_turn([0, 0, 84, 84], 2)], "finish": [False],
+        "extra_fields": [{}]}).json()
+    assert turn2["valids"] == [True] and "of image 1" in turn2["observations"][0]["obs"]
+    # target_image 0 does not exist in verl-tool's counting: an observation that says so, not a crash
+    turn3 = httpx.post(crop_server.url + "/get_observation", timeout=30, json={
+        "trajectory_ids": ["vt-1"], "actions": [_turn([0, 0, 84, 84], 0)], "finish": [False],
+        "extra_fields": [{}]}).json()
+    assert turn3["valids"] == [False] and "from 1" in json.dumps(turn3["observations"][0])

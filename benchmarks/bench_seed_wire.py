@@ -1,35 +1,38 @@
-"""The seed's own wire: ``/get_observation`` zoom, this project's server beside verl-tool's crop.
+"""The seed's own wire: ``/get_observation`` crop, this project's server beside verl-tool's own.
 
 Seed 000 trains with verl-tool: rollout workers post each turn to a tool server's
-``/get_observation``. Every server here gets the same requests on loopback: one 256x256 image (a
-VQA-RAD scan, resized) as a PNG data URL in ``extra_fields``, and the turn
-``<tool_call>{"name": "image_zoom_in", "arguments": {"bbox_2d": [64, 64, 181, 181]}}</tool_call>``
+``/get_observation``. Every server here gets the *same* request bytes on loopback: one 256x256
+image (a VQA-RAD scan, resized) as a JPEG data URL in ``extra_fields`` (verl-tool's decoder reads
+JPEG data URLs only), and verl-tool's own crop turn
+``<tool_call>{"name": "crop_image", "arguments": {"bbox_2d": [64, 64, 181, 181], "target_image": 1}}</tool_call>``
 (each request its own box offset and trajectory id unless a group shares them). Servers:
 
-* **ours, today**: ``medvqa-tools serve --tools image_zoom_in``: the crop enlarged to 336 px, PNG;
+* **ours, today**: ``medvqa-tools serve --tools image_zoom_in`` with the zoom named ``crop_image``
+  (``--tool-opt image_zoom_in.name=crop_image``; ``target_image`` counts from 1 as verl-tool's does):
+  the crop enlarged to 336 px, PNG;
 * **ours, 168 px JPEG**: the same with ``--tool-opt image_zoom_in.observation_image=
   {"max_side": 168, "format": "jpeg", "quality": 75}``: verl-tool's returned size and format;
-* **ours, 168 px JPEG + share**: that server answering ``/get_observation`` through
-  :meth:`tool_backends.observation_share.ObservationShare.answer`, as the two proposed ``server.py``
-  lines would (this benchmark's server process applies them in an ASGI layer, until ``server.py``
-  does; the results' ``server_wired`` says which);
-* **verl-tool crop (reproduction)**: verl-tool is not on the package index this machine reaches
-  (``pip download --no-deps verl-tool`` finds nothing), so this is *not* its server: a FastAPI app
-  written here that reproduces what its crop tool (``verl_tool/servers/tools/pixel_reasoner.py``,
-  read, not copied) answers and keeps: the box grown by 10 % of the image a side, cropped at its
-  own size (168x168 here), JPEG at PIL's default quality, as a data URL, and every trajectory's
-  images and observations kept until a ``finish`` request. Its Ray/asyncio serving machinery is
-  not reproduced, so its per-call figures are a floor for verl-tool's own, not its figures;
-  ``scripts/setup_verltool.sh`` installs the real one where a checkout is at hand;
+* **verl-tool tool_server** and **verl-tool serve**: verl-tool's own servers, unmodified, from a
+  checkout in their own venv (``VERLTOOL_SRC=... scripts/setup_verltool.sh``): its single-process
+  ``verl_tool.servers.tool_server`` and the ``verl_tool.servers.serve`` its README starts (a router
+  process in front of worker processes), ``--tool_type pixel_reasoner``, their other settings at
+  their defaults. Its crop grows the box by 10 % of the image a side and crops at that size (168x168
+  here), JPEG at PIL's default quality; it keeps every trajectory's images until a ``finish`` request.
+  Run in a scratch folder (its crop tool makes a folder per trajectory under ``tmp/``);
+* **verl-tool crop (reproduction)**, only where that venv is missing: a FastAPI app written here
+  that answers and keeps what verl-tool's crop does (``verl_tool/servers/tools/pixel_reasoner.py``,
+  read, not copied), without its serving machinery: a floor for verl-tool's own figures;
 * **bare FastAPI floor**: a stateless FastAPI endpoint doing each one's pixel work and nothing else
   (decode the data URL, crop / crop+resize, encode), chosen per request.
 
 Measured, in one run: latency (sequential calls, interleaved across servers; wall per call and the
-server's own CPU per call from ``/proc``), throughput with 8 and 32 concurrent clients (distinct
-calls), a GRPO group (8 concurrent identical turns on a fresh image against one such turn, over
-``--rounds`` rounds) and the server's RSS after ``--turns`` turns without ``finish``.
+CPU per call of the server's processes, all of them, from ``/proc``), throughput with 8 and 32
+concurrent clients (distinct calls), a GRPO group (8 concurrent identical turns on a fresh image
+against one such turn, over ``--rounds`` rounds) and the servers' RSS after ``--turns`` turns
+without ``finish``.
 
-    python benchmarks/bench_seed_wire.py [--quick] [--turns 10000] [--rounds 5]
+    VERLTOOL_SRC=/path/to/verl-tool scripts/setup_verltool.sh     # once: verl-tool's servers
+    python benchmarks/bench_seed_wire.py [--quick] [--turns 10000] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ import io
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -58,27 +63,37 @@ from figures import command_line, record, results_dir_arg  # noqa: E402  (benchm
 BOX = (64, 64, 181, 181)
 JPEG_168 = {"max_side": 168, "format": "jpeg", "quality": 75}
 GROUP = 8
-SERVERS = ("ours_today", "ours_168", "ours_168_share", "verltool_repro", "floor")
-ROWS = {  # row -> (server process, path); the floor's rows do each server's pixel work
-    "ours_today": ("ours_today", "/get_observation"),
-    "floor_zoom336png": ("floor", "/get_observation?work=zoom336png"),
-    "ours_168": ("ours_168", "/get_observation"),
-    "ours_168_share": ("ours_168_share", "/get_observation"),
-    "floor_zoom168jpeg": ("floor", "/get_observation?work=zoom168jpeg"),
-    "verltool_repro": ("verltool_repro", "/get_observation"),
-    "floor_crop168jpeg": ("floor", "/get_observation?work=crop168jpeg"),
-}
+VERLTOOL_PY = ROOT / ".venv-verltool" / "bin" / "python"
 LABELS = {"ours_today": "ours, today", "ours_168": "ours, `observation_image` 168 px JPEG",
-          "ours_168_share": "ours, 168 px JPEG + ObservationShare", "verltool_repro": "verl-tool crop (reproduction)",
+          "verltool_tool_server": "verl-tool `tool_server`", "verltool_serve": "verl-tool `serve` (router + workers)",
+          "verltool_repro": "verl-tool crop (reproduction)",
           "floor_zoom336png": "floor: today's zoom work", "floor_zoom168jpeg": "floor: the 168 px JPEG zoom work",
           "floor_crop168jpeg": "floor: verl-tool's crop work"}
-FLOOR_OF = {"ours_today": "floor_zoom336png", "ours_168": "floor_zoom168jpeg", "ours_168_share": "floor_zoom168jpeg",
-            "verltool_repro": "floor_crop168jpeg"}
-LOAD_ROWS = ("ours_today", "ours_168", "ours_168_share", "verltool_repro", "floor_zoom168jpeg")
-"""Rows measured for throughput and the group (the floor once: its 168 px JPEG zoom work)."""
+FLOOR_OF = {"ours_today": "floor_zoom336png", "ours_168": "floor_zoom168jpeg", "verltool_tool_server": "floor_crop168jpeg",
+            "verltool_serve": "floor_crop168jpeg", "verltool_repro": "floor_crop168jpeg"}
 
 
-# ---- the images and requests ---------------------------------------------------------------------
+def verltool_rows(real: bool) -> tuple[str, ...]:
+    """verl-tool's rows: its two servers when its venv is there, else the reproduction."""
+    return ("verltool_tool_server", "verltool_serve") if real else ("verltool_repro",)
+
+
+def rows_of(real: bool) -> dict[str, tuple[str, str]]:
+    """row -> (server process, path); the floor's rows do each server's pixel work."""
+    rows = {"ours_today": ("ours_today", "/get_observation"),
+            "floor_zoom336png": ("floor", "/get_observation?work=zoom336png"),
+            "ours_168": ("ours_168", "/get_observation"),
+            "floor_zoom168jpeg": ("floor", "/get_observation?work=zoom168jpeg")}
+    rows.update({row: (row, "/get_observation") for row in verltool_rows(real)})
+    rows["floor_crop168jpeg"] = ("floor", "/get_observation?work=crop168jpeg")
+    return rows
+
+
+def load_rows(real: bool) -> tuple[str, ...]:
+    """Rows measured for throughput, the group and memory (the floor once: its 168 px JPEG zoom work)."""
+    return ("ours_today", "ours_168", *verltool_rows(real))
+
+
 def images(vqa_rad: str | None, n: int):
     """``n`` 256x256 RGB images: VQA-RAD scans when the folder is there, else textured synthetic ones."""
     import numpy as np
@@ -97,10 +112,12 @@ def images(vqa_rad: str | None, n: int):
     return out
 
 
-def png_url(image) -> str:
+def upload_url(image) -> str:
+    """The scan as every server receives it: a JPEG data URL (quality 95), the one kind of data URL
+    verl-tool's crop decodes (it strips only a ``data:image/jpeg;base64,`` prefix)."""
     buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    image.save(buf, format="JPEG", quality=95)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def offsets():
@@ -109,8 +126,10 @@ def offsets():
 
 
 def action(dx: int = 0, dy: int = 0) -> str:
+    """verl-tool's crop turn (``target_image`` 1: the trajectory's first image)."""
     box = [BOX[0] + dx, BOX[1] + dy, BOX[2] + dx, BOX[3] + dy]
-    return '<tool_call>{"name": "image_zoom_in", "arguments": {"bbox_2d": %s}}</tool_call>' % json.dumps(box)
+    return ('<tool_call>{"name": "crop_image", "arguments": {"bbox_2d": %s, "target_image": 1}}</tool_call>'
+            % json.dumps(box))
 
 
 def body(tid: str, turn: str, url: str) -> bytes:
@@ -217,95 +236,23 @@ def floor_app():
     return app
 
 
-def serve_shared(port: int, serve_args: list[str]) -> None:
-    """``medvqa-tools serve`` answering ``/get_observation`` as the two proposed ``server.py`` lines
-    would: ``ObservationShare.answer`` on the event loop, ``batch`` under a gate of the server's
-    ``--max-concurrency`` in a worker thread, the response serialised as FastAPI serialises the
-    handler's dict. Applied here (an ASGI layer in front of the app) until ``server.py`` does it."""
-    import asyncio
-
-    import tool_backends.server as server
-    from tool_backends.cli import main as cli_main
-    from tool_backends.observation_share import ObservationShare
-    from tool_backends.trajectories import TrajectoryObserver
-
-    if server_wires_share():  # server.py answers /get_observation through the share itself
-        sys.exit(cli_main(["serve", *serve_args, "--port", str(port)]))
-    original = server.create_app
-
-    def create_app(backends, settings=None, proxy=None):
-        app = original(backends, settings, proxy)
-        service = app.state.service
-        s = service.settings
-        shared = ObservationShare(TrajectoryObserver(service, done_if_invalid=s.done_if_invalid,
-                                                     max_action_chars=s.max_action_chars))
-        app.add_middleware(_SharedObservations, shared=shared, service=service,
-                           gate=asyncio.Semaphore(s.max_concurrency))
-        return app
-
-    server.create_app = create_app
-    sys.exit(cli_main(["serve", *serve_args, "--port", str(port)]))
-
-
-def server_wires_share() -> bool:
-    """Whether ``tool_backends/server.py`` uses :class:`ObservationShare` itself."""
-    return "ObservationShare" in (ROOT / "tool_backends" / "server.py").read_text()
-
-
-class _SharedObservations:
-    """The preview's ASGI layer for ``POST /get_observation`` (see :func:`serve_shared`)."""
-
-    def __init__(self, app, shared, service, gate) -> None:
-        self.app, self.shared, self.service, self.gate = app, shared, service, gate
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/get_observation" or scope["method"] != "POST":
-            if scope["type"] == "http" and scope["path"] == "/health":
-                return await self._json(send, {"status": "ok", "observations_shared": self.shared.shared,
-                                               "answered_on_loop": self.shared.answered_on_loop})
-            return await self.app(scope, receive, send)
-        from fastapi.encoders import jsonable_encoder
-        from starlette.concurrency import run_in_threadpool
-
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        payload = json.loads(b"".join(chunks))
-        n = len(payload["actions"])
-
-        async def slot(*args):
-            async with self.gate:
-                return await run_in_threadpool(self.shared.batch, *args)
-
-        out = await self.shared.answer(payload.get("trajectory_ids") or list(range(n)), payload["actions"],
-                                       payload.get("finish") or [False] * n, payload.get("extra_fields") or [{}] * n,
-                                       self.service.budget, slot)
-        await self._json(send, jsonable_encoder(out))
-
-    @staticmethod
-    async def _json(send, content) -> None:
-        body = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-
 # ---- running and measuring servers -------------------------------------------------------------------
 class Proc:
-    def __init__(self, name: str, args: list[str]) -> None:
+    """One server under test: its process (and any it starts: verl-tool's ``serve`` runs a router in
+    front of worker processes), CPU and RSS summed over all of them."""
+
+    def __init__(self, name: str, args: list[str], python: str = sys.executable, cwd: Path = ROOT,
+                 env: dict | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, *args, "--port", str(self.port)], cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen([python, *args, "--port", str(self.port)], cwd=cwd,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
     def wait(self) -> "Proc":
-        for _ in range(600):
+        for _ in range(1800):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited: {self.proc.stderr.read().decode()[-2000:]}")
             try:
@@ -317,34 +264,68 @@ class Proc:
                 time.sleep(0.1)
         raise RuntimeError(f"{self.name} did not start")
 
+    def pids(self) -> list[int]:
+        """This server's process and its descendants (as ``/proc`` lists them now)."""
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            for task in Path(f"/proc/{pid}/task").glob("*/children"):
+                try:
+                    todo += [int(c) for c in task.read_text().split()]
+                except OSError:
+                    pass
+        return out
+
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
+        total = 0.0
+        for pid in self.pids():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0.0)
+        return total
 
     def close(self) -> None:
-        self.proc.terminate()
         try:
-            self.proc.wait(10)
+            os.killpg(self.proc.pid, 15)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(15)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, 9)
             self.proc.wait()
         self.proc.stderr.close()
 
 
-def start(name: str) -> Proc:
+def start(name: str, scratch: Path) -> Proc:
+    """Start server ``name``; verl-tool's in its own venv, in ``scratch`` (it writes a folder per trajectory)."""
     me = str(Path(__file__).resolve())
-    serve = ["-m", "tool_backends.cli", "serve", "--tools", "image_zoom_in"]
-    opt = ["--tool-opt", f"image_zoom_in.observation_image={json.dumps(JPEG_168)}"]
-    args = {"ours_today": serve, "ours_168": serve + opt,
-            "ours_168_share": [me, "--serve", "ours-shared", "--serve-args", json.dumps(serve[3:] + opt)],
-            "verltool_repro": [me, "--serve", "verltool-repro"], "floor": [me, "--serve", "floor"]}[name]
-    return Proc(name, args)
+    serve = ["-m", "tool_backends.cli", "serve", "--tools", "image_zoom_in", "--tool-opt", "image_zoom_in.name=crop_image"]
+    ours_env = {"PYTHONPATH": str(ROOT)}
+    if name == "ours_today":
+        return Proc(name, serve, env=ours_env)
+    if name == "ours_168":
+        return Proc(name, serve + ["--tool-opt", f"image_zoom_in.observation_image={json.dumps(JPEG_168)}"], env=ours_env)
+    if name in ("verltool_tool_server", "verltool_serve"):
+        module = "verl_tool.servers.tool_server" if name == "verltool_tool_server" else "verl_tool.servers.serve"
+        folder = scratch / name
+        folder.mkdir(parents=True, exist_ok=True)
+        return Proc(name, ["-m", module, "--host", "127.0.0.1", "--tool_type", "pixel_reasoner", "--log_level", "warning"],
+                    python=str(VERLTOOL_PY), cwd=folder, env={"PYTHONPATH": ""})
+    return Proc(name, [me, "--serve", "verltool-repro" if name == "verltool_repro" else "floor"], env=ours_env)
 
 
 class Client:
@@ -392,12 +373,12 @@ def returned(raw: bytes) -> dict:
     return {"size": f"{im.width}x{im.height}", "format": im.format, "bytes": len(data)}
 
 
-def latency(procs, url, n):
+def latency(procs, rows, url, n):
     """Sequential distinct calls, interleaved across rows: wall and server CPU per call."""
     clients = {name: Client(proc.port) for name, proc in procs.items()}
-    walls, cpus, shapes = {r: [] for r in ROWS}, {r: [] for r in ROWS}, {}
+    walls, cpus, shapes = {r: [] for r in rows}, {r: [] for r in rows}, {}
     for i, (dx, dy) in enumerate(offsets()[: n + 1]):
-        for row, (name, path) in ROWS.items():
+        for row, (name, path) in rows.items():
             proc, data = procs[name], body(f"lat-{row}-{i}", action(dx, dy), url)
             c0, t0 = proc.cpu_s(), time.perf_counter()
             raw = clients[name].post(path, data)
@@ -407,13 +388,15 @@ def latency(procs, url, n):
                 shapes[row] = returned(raw)
     return {r: {"latency_ms": statistics.median(walls[r][1:]) * 1e3,
                 "latency_p10_ms": sorted(walls[r][1:])[len(walls[r][1:]) // 10] * 1e3,
-                "cpu_ms": sum(cpus[r][1:]) / n * 1e3, **shapes[r]} for r in ROWS}
+                "cpu_ms": sum(cpus[r][1:]) / n * 1e3, **shapes[r]} for r in rows}
 
 
-def throughput(proc, path, url, clients: int, per_client: int, offset_base: int) -> float:
-    """Calls per second with ``clients`` concurrent connections, every call distinct."""
+def throughput(proc, path, url, clients: int, per_client: int, offset_base: int, tag: str = "") -> float:
+    """Calls per second with ``clients`` concurrent connections, every call distinct: its own box and
+    its own trajectory (``tag`` keeps a burst's trajectories apart from another's: a trajectory
+    already seen keeps the image it started with, whatever a later request's ``extra_fields`` say)."""
     boxes = offsets()
-    bodies = [[body(f"tp{clients}-{c}-{k}", action(*boxes[(offset_base + c * per_client + k) % len(boxes)]), url)
+    bodies = [[body(f"tp{tag}-{clients}-{c}-{k}", action(*boxes[(offset_base + c * per_client + k) % len(boxes)]), url)
                for k in range(per_client)] for c in range(clients)]
     barrier, errors = threading.Barrier(clients + 1), []
 
@@ -465,7 +448,7 @@ def group(proc, path, url, tag: str) -> tuple[float, float]:
 def memory(proc, pictures, turns: int) -> dict:
     """RSS after ``turns`` distinct turns without ``finish`` (and at a quarter, half, three quarters)."""
     client, boxes = Client(proc.port), offsets()
-    urls = [png_url(im) for im in pictures]
+    urls = [upload_url(im) for im in pictures]
     marks = {turns // 4: "q1", turns // 2: "half", 3 * turns // 4: "q3", turns: "end"}
     out = {"start_mb": proc.rss_mb()}
     for i in range(1, turns + 1):
@@ -480,67 +463,79 @@ def memory(proc, pictures, turns: int) -> dict:
 # ---- the run -------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
     p = ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--serve", default=None, help="(internal) run one benchmark-local server: ours-shared, "
-                                                 "verltool-repro or floor")
-    p.add_argument("--serve-args", default="[]", help="(internal) JSON list of medvqa-tools serve arguments")
+    p.add_argument("--serve", default=None, help="(internal) run one benchmark-local server: verltool-repro or floor")
     p.add_argument("--port", type=int, default=0, help="(internal) the port of --serve")
     p.add_argument("--calls", type=int, default=200, help="sequential calls per row for the latency")
     p.add_argument("--per-client", type=int, default=0, help="calls per client for throughput (default: 256 in all)")
+    p.add_argument("--bursts", type=int, default=5, help="throughput bursts per row and level (median kept)")
     p.add_argument("--rounds", type=int, default=9, help="group rounds (each on a fresh image)")
     p.add_argument("--turns", type=int, default=2400, help="turns without finish for the memory check (10000: full)")
-    p.add_argument("--repro-turns", type=int, default=2400,
-                   help="at most this many for the verl-tool reproduction (it grows by each turn's images)")
     p.add_argument("--vqa-rad", default=str(ROOT.parent / "shared" / "data" / "vqa_rad"))
+    p.add_argument("--reproduction", action="store_true",
+                   help="measure the verl-tool reproduction even where verl-tool's venv is there")
     p.add_argument("--quick", action="store_true", help="a smoke run: few calls, nothing recorded")
     p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
     args = p.parse_args(argv)
     if args.serve:
-        if args.serve == "ours-shared":
-            return serve_shared(args.port, json.loads(args.serve_args))
         import uvicorn
 
         app = verltool_repro_app() if args.serve == "verltool-repro" else floor_app()
         return uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
     if args.quick:
-        args.calls, args.rounds, args.turns, args.repro_turns = 10, 2, 200, 200
-    pictures = images(args.vqa_rad, 4 + args.rounds + 4)
-    procs = {name: start(name) for name in SERVERS}
-    results: dict[str, dict] = {row: {} for row in ROWS}
+        args.calls, args.rounds, args.turns, args.bursts = 10, 2, 200, 1
+    real = VERLTOOL_PY.is_file() and not args.reproduction
+    if not real:
+        print(f"bench_seed_wire: {VERLTOOL_PY} is missing (VERLTOOL_SRC=... scripts/setup_verltool.sh makes it), "
+              "so verl-tool's rows are the reproduction's", file=sys.stderr)
+    rows, loaded = rows_of(real), load_rows(real)
+    # one image for the latency, a fresh one per throughput burst and per group round, four for memory:
+    # no call is answered from a server's cache (ours keeps results by image and box)
+    pictures = images(args.vqa_rad, 1 + 2 * args.bursts + args.rounds + 4)
+    fresh = iter(pictures[1:-4])
+    scratch = Path(tempfile.mkdtemp(prefix="seed_wire-"))
+    procs = {}
+    results: dict[str, dict] = {row: {} for row in rows}
     try:
+        for name in dict.fromkeys(name for name, _ in rows.values()):
+            procs[name] = start(name, scratch)
         for proc in procs.values():
             proc.wait()
-        for row, r in latency(procs, png_url(pictures[0]), args.calls).items():
+        for row, r in latency(procs, rows, upload_url(pictures[0]), args.calls).items():
             results[row].update(r)
         for k, clients in enumerate((8, 32)):
             per = 2 if args.quick else (args.per_client or max(2, 256 // clients))
-            url = png_url(pictures[1 + k])
-            for i, row in enumerate(LOAD_ROWS):
-                name, path = ROWS[row]
-                results[row][f"throughput_{clients}"] = throughput(procs[name], path, url, clients, per, 97 * i)
-        ratios = {row: [] for row in LOAD_ROWS}
+            bursts: dict[str, list[float]] = {}
+            for burst in range(args.bursts):  # rows interleaved, so a slow spell of the VM hits them all
+                url = upload_url(next(fresh))
+                for i, row in enumerate((*loaded, "floor_zoom168jpeg")):
+                    name, path = rows[row]
+                    bursts.setdefault(row, []).append(throughput(procs[name], path, url, clients, per, 97 * i, f"b{burst}"))
+            for row, rates in bursts.items():
+                results[row].update({f"throughput_{clients}": statistics.median(rates),
+                                     f"throughput_{clients}_min": min(rates), f"throughput_{clients}_max": max(rates)})
+        ratios = {row: [] for row in loaded}
         for r in range(args.rounds):
-            url = png_url(pictures[4 + r])
-            for row in LOAD_ROWS:
-                name, path = ROWS[row]
+            url = upload_url(next(fresh))
+            for row in loaded:
+                name, path = rows[row]
                 one_s, group_s = group(procs[name], path, url, f"round{r}-{row}")
                 ratios[row].append((group_s / one_s, one_s, group_s))
-        for row, rows in ratios.items():
-            rows.sort()
-            mid = rows[len(rows) // 2]
+        for row, runs in ratios.items():
+            runs.sort()
+            mid = runs[len(runs) // 2]
             results[row].update(group_ratio=mid[0], group_one_ms=mid[1] * 1e3, group_8_ms=mid[2] * 1e3,
-                                group_ratio_min=rows[0][0], group_ratio_max=rows[-1][0])
-        for name in ("ours_today", "ours_168", "ours_168_share", "verltool_repro"):
-            turns = min(args.turns, args.repro_turns) if name == "verltool_repro" else args.turns
-            results[name].update({f"memory_{k}": v for k, v in memory(procs[name], pictures[-4:], turns).items()},
-                                 memory_turns=turns)
-        health = json.loads(_get(procs["ours_168_share"].port, "/health"))
-        results["ours_168_share"].update(server_wired=server_wires_share(),
-                                         answered_on_loop=health.get("answered_on_loop"),
-                                         observations_shared=health.get("observations_shared"))
+                                group_ratio_min=runs[0][0], group_ratio_max=runs[-1][0])
+        for name in loaded:
+            results[name].update({f"memory_{k}": v for k, v in memory(procs[name], pictures[-4:], args.turns).items()},
+                                 memory_turns=args.turns)
+        health = json.loads(_get(procs["ours_168"].port, "/health"))
+        results["ours_168"].update(observations_shared=health.get("observations_shared"),
+                                   threads=(health.get("threads") or {}).get("threads"))
     finally:
         for proc in procs.values():
             proc.close()
-    report(results, args)
+        shutil.rmtree(scratch, ignore_errors=True)
+    report(results, rows, real, args)
 
 
 def _get(port: int, path: str) -> bytes:
@@ -549,20 +544,22 @@ def _get(port: int, path: str) -> bytes:
     return conn.getresponse().read()
 
 
-def report(results: dict, args) -> None:
-    lines = ["## The seed's wire: `/get_observation` zoom, this project's server beside verl-tool's crop "
+def report(results: dict, rows: dict, real: bool, args) -> None:
+    verl_rows = verltool_rows(real)
+    lines = ["## The seed's wire: `/get_observation` crop, this project's server beside verl-tool's "
              "(`benchmarks/bench_seed_wire.py`)", "",
-             f"One 256x256 VQA-RAD image as a PNG data URL, one `image_zoom_in` turn per request. Latency: median of "
-             f"{args.calls} sequential distinct calls, interleaved across rows; CPU: the server process's own "
-             "(`/proc`) per call, and over the bare FastAPI floor doing the same pixel work (decode, crop, resize, "
-             f"encode; nothing else); throughput: distinct calls; group: {GROUP} concurrent identical turns on a "
-             f"fresh image against one such turn, median (min–max) of {args.rounds} rounds; memory: the server's RSS "
-             "at half and at all of the turns shown, none finished.", "",
+             "One 256x256 VQA-RAD image as a JPEG data URL (quality 95), one verl-tool `crop_image` turn per request, "
+             f"the same bytes to every server. Latency: median of {args.calls} sequential distinct calls, interleaved "
+             "across rows; CPU: the server's processes' own (`/proc`, a server's child processes included) per call, "
+             "and over the bare FastAPI floor doing the same pixel work (decode, crop, resize, encode; nothing else); "
+             f"throughput: distinct calls, median of {args.bursts} bursts (rows interleaved); group: {GROUP} concurrent identical turns on a fresh image against one such "
+             f"turn, median (min–max) of {args.rounds} rounds; memory: the server's RSS at half and at all of the "
+             "turns shown, none finished.", "",
              "| row | returns | latency, median (p10) (ms) | server CPU (ms/call) | CPU over its floor | calls/s, 8 clients "
              "| calls/s, 32 clients | group of 8 (× one turn) | RSS half → end (MB) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    figures = {}
-    for row in ROWS:
+    figures: dict = {}
+    for row in rows:
         r = results[row]
         floor = results.get(FLOOR_OF.get(row, row))
         mem = (f"{r['memory_half_mb']:.0f} → {r['memory_end_mb']:.0f} ({r['memory_turns']} turns)"
@@ -571,51 +568,50 @@ def report(results: dict, args) -> None:
         if row in FLOOR_OF:
             r["cpu_over_floor_ms"] = r["cpu_ms"] - floor["cpu_ms"]
         load = (f"{r['throughput_8']:.0f} | {r['throughput_32']:.0f} | {r['group_ratio']:.2f}× "
-                f"({r['group_ratio_min']:.2f}–{r['group_ratio_max']:.2f})") if row in LOAD_ROWS else "— | — | —"
+                f"({r['group_ratio_min']:.2f}–{r['group_ratio_max']:.2f})") if "group_ratio" in r else (
+            f"{r['throughput_8']:.0f} | {r['throughput_32']:.0f} | —" if "throughput_8" in r else "— | — | —")
         lines.append(f"| {LABELS[row]} | {r['size']} {r['format']}, {r['bytes'] / 1024:.1f} kB | {r['latency_ms']:.2f} "
-                     f"({r['latency_p10_ms']:.2f}) "
-                     f"| {r['cpu_ms']:.2f} | {over} | {load} | {mem} |")
+                     f"({r['latency_p10_ms']:.2f}) | {r['cpu_ms']:.2f} | {over} | {load} | {mem} |")
         figures.update({f"{row}.{k}": v for k, v in r.items()})
-    ours, share, verl = results["ours_168"], results["ours_168_share"], results["verltool_repro"]
-    goals = [
-        ("per-call latency, ours 168 px JPEG / the verl-tool reproduction", ours["latency_ms"] / verl["latency_ms"],
-         "≤ 1.00×"),
-        ("the same, p10 of the calls", ours["latency_p10_ms"] / verl["latency_p10_ms"], "≤ 1.00×"),
-        ("server CPU per call, the same", ours["cpu_ms"] / max(verl["cpu_ms"], 1e-9), "≤ 1.00×"),
-        ("per-call latency, ours + ObservationShare / the reproduction", share["latency_ms"] / verl["latency_ms"],
-         "≤ 1.00×"),
-        ("throughput at 8 clients, ours 168 px JPEG / the reproduction", ours["throughput_8"] / verl["throughput_8"],
-         "≥ 1.00×"),
-        ("throughput at 32 clients, the same", ours["throughput_32"] / verl["throughput_32"], "≥ 1.00×"),
-        ("a group of 8 identical turns, ours + ObservationShare", share["group_ratio"], "≤ 1.50×"),
-        ("a group of 8 identical turns, ours without it", ours["group_ratio"], "≤ 1.50×"),
-    ]
-    figures.update(latency_vs_repro=goals[0][1], latency_p10_vs_repro=goals[1][1], cpu_vs_repro=goals[2][1],
-                   latency_share_vs_repro=goals[3][1], throughput_8_vs_repro=goals[4][1],
-                   throughput_32_vs_repro=goals[5][1], group_share=goals[6][1], group_no_share=goals[7][1])
+    ours = results["ours_168"]
+    goals = []
+    for vrow in verl_rows:
+        verl, name = results[vrow], LABELS[vrow]
+        tag = vrow.removeprefix("verltool_")
+        pairs = [
+            (f"per-call latency, ours 168 px JPEG / {name}", f"latency_vs_{tag}", ours["latency_ms"] / verl["latency_ms"], "≤ 1.00×"),
+            ("the same, p10 of the calls", f"latency_p10_vs_{tag}", ours["latency_p10_ms"] / verl["latency_p10_ms"], "≤ 1.00×"),
+            ("server CPU per call, the same", f"cpu_vs_{tag}", ours["cpu_ms"] / max(verl["cpu_ms"], 1e-9), "≤ 1.00×"),
+            (f"throughput at 8 clients, ours 168 px JPEG / {name}", f"throughput_8_vs_{tag}",
+             ours["throughput_8"] / verl["throughput_8"], "≥ 1.00×"),
+            ("throughput at 32 clients, the same", f"throughput_32_vs_{tag}", ours["throughput_32"] / verl["throughput_32"],
+             "≥ 1.00×"),
+        ]
+        goals += pairs
+    goals.append(("a group of 8 identical turns, ours 168 px JPEG", "group_ours", ours["group_ratio"], "≤ 1.50×"))
+    figures.update({key: v for _, key, v, _ in goals})
     lines += ["", "| goal (issue 47) | measured | goal |", "|---|---:|---|"]
-    lines += [f"| {what} | {v:.2f}× | {goal} |" for what, v, goal in goals]
-    for row in ("ours_168", "ours_168_share", "verltool_repro"):
+    lines += [f"| {what} | {v:.2f}× | {goal} |" for what, _, v, goal in goals]
+    for row in ("ours_168", *verl_rows):
         r = results[row]
         lines.append(f"| RSS growth from {r['memory_turns'] // 2} to {r['memory_turns']} turns without `finish`, "
                      f"{LABELS[row]} | {r['memory_growth_half_to_end_mb']:+.1f} MB | "
-                     f"{'flat' if row != 'verltool_repro' else '—'} |")
-    wired = share.get("server_wired")
-    lines += ["", "*ours + ObservationShare*: " + (
-        "`server.py` wires the share itself." if wired else
-        "`server.py` does not wire the share yet; this benchmark's server process answers `/get_observation` "
-        "as the two proposed lines would (`ObservationShare.answer` on the event loop, `batch` under a "
-        "`--max-concurrency` gate in a worker thread; `tool_backends/observation_share.py`).") +
-        " *verl-tool crop (reproduction)*: not verl-tool's server (not installable here): a FastAPI app written for "
-        "this benchmark that returns what its crop tool returns (the box grown by 10 % a side, cropped at its own "
-        "size, JPEG at PIL's default quality) and keeps every trajectory's images and observations until "
-        "`finish`, as its code does; verl-tool's own serving (Ray, asyncio) is not reproduced. "
-        "The same request text goes to every server (our zoom enlarges the 117 px box to 168 px; the "
-        "reproduction pads it to 168 px and crops). Our server keeps at most 1,024 live trajectories "
-        "(`TrajectoryObserver`, LRU), so its RSS stops growing past them. Wall times on this shared 2-core VM move "
-        "with its load (recorded with the results); the server-CPU column moves less. "
-        f"Kept connections a server had closed and the client opened again: {Client.reconnects}.", ""]
-    figures["server_wired"] = bool(wired)
+                     f"{'flat' if row == 'ours_168' else '—'} |")
+    verl_note = (
+        "*verl-tool*: its own servers, unmodified (a checkout's `verl_tool/servers`, installed with "
+        "`scripts/setup_verltool.sh` in `.venv-verltool`), `--tool_type pixel_reasoner`, other settings at their "
+        "defaults; its crop grows the box by 10 % of the image a side and crops at that size, JPEG at PIL's default "
+        "quality, and keeps every trajectory's images until `finish`." if real else
+        "*verl-tool crop (reproduction)*: not verl-tool's server (`.venv-verltool` missing): a FastAPI app written for "
+        "this benchmark that returns what its crop tool returns and keeps every trajectory's images until `finish`; "
+        "verl-tool's serving machinery is not reproduced, so its figures are a floor for verl-tool's own.")
+    lines += ["", verl_note + " Our zoom enlarges the 117 px box to 168 px; verl-tool pads it to 168 px and "
+              "crops. Our server answers a group's identical turns once (`ObservationShare`: "
+              f"{ours.get('observations_shared')} turns shared in this run) and keeps at most 1,024 live trajectories "
+              "(`TrajectoryObserver`, LRU), so its RSS stops growing past them. Wall times on this shared 2-core VM "
+              "move with its load (recorded with the results); the server-CPU column moves less. "
+              f"Kept connections a server had closed and the client opened again: {Client.reconnects}.", ""]
+    figures["verltool_real"] = real
     figures["client_reconnects"] = Client.reconnects
     record("seed_wire", "\n".join(lines), figures, command_line("bench_seed_wire.py"),
            results_dir_arg(args.quick, args.results))

@@ -1,40 +1,70 @@
 #!/usr/bin/env bash
-# verl-tool's tool server in its own venv (.venv-verltool), beside (never inside) the project's .venv,
-# for running it side by side with `medvqa-tools serve` (benchmarks/bench_seed_wire.py).
+# verl-tool's own tool server, unmodified, in its own venv (.venv-verltool), beside (never inside) the
+# project's .venv, for running it side by side with `medvqa-tools serve` (benchmarks/bench_seed_wire.py).
 #
-#   scripts/setup_verltool.sh                          # from the package index, if verl-tool is published there
-#   VERLTOOL_SRC=/path/to/verl-tool scripts/setup_verltool.sh   # else from a checkout of TIGER-AI-Lab/verl-tool
+#   VERLTOOL_SRC=/path/to/verl-tool scripts/setup_verltool.sh   # a checkout of TIGER-AI-Lab/verl-tool
+#   scripts/setup_verltool.sh                                   # from the package index, if published there
 #
-# Checked 2026-12-04 on the project's VM: `pip download --no-deps verl-tool` finds no distribution on
-# the index it reaches, and no checkout is on disk, so benchmarks/bench_seed_wire.py measures a
-# reproduction of verl-tool's crop response instead (its "verl-tool crop (reproduction)" row; see
-# that file's docstring). With this venv, verl-tool's own server starts as its README says:
+# verl-tool is not on PyPI (checked 2026-12-07: `pip download --no-deps verl-tool` finds nothing), so
+# the usual way is a checkout: `git clone https://github.com/TIGER-AI-Lab/verl-tool` (its bundled verl/
+# is installed from the checkout too). What its crop tool needs, and why this venv is heavy:
+#   verl_tool/servers/tools/pixel_reasoner.py imports verl_tool.agent_loop.vision_utils, whose package
+#   imports verl's agent loop (verl, ray, tensordict, transformers) and torchvision (its video path).
+#   torchvision cannot sit beside the project's CPU torch, so this venv takes the torch + torchvision pair
+#   that lies on this machine's disk (a CUDA build, ~6 GB; ../shared/NOTES.md), never the project's venv.
+# Its server then starts as its README says:
 #   .venv-verltool/bin/python -m verl_tool.servers.serve --host 127.0.0.1 --port 5500 \
 #       --tool_type pixel_reasoner --workers_per_tool 1
-# and answers turns such as <tool_call>{"name": "crop_image", "arguments": {"bbox_2d": [...], "target_image": 1}}</tool_call>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-verltool}
 PY=${PYTHON:-python3}
+TORCH_PAIR=${TORCH_PAIR:-"torch==2.14.1 torchvision==0.29.1"}
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-if "$PY" -m pip download --no-deps --quiet verl-tool -d "$tmp" >/dev/null 2>&1; then
-    source="verl-tool"
-elif [ -n "${VERLTOOL_SRC:-}" ]; then
-    if [ ! -f "$VERLTOOL_SRC/pyproject.toml" ]; then
-        echo "setup_verltool: VERLTOOL_SRC=$VERLTOOL_SRC has no pyproject.toml; expected a checkout of TIGER-AI-Lab/verl-tool" >&2
+if [ -n "${VERLTOOL_SRC:-}" ]; then
+    if [ ! -f "$VERLTOOL_SRC/pyproject.toml" ] || [ ! -d "$VERLTOOL_SRC/verl_tool/servers" ]; then
+        echo "setup_verltool: VERLTOOL_SRC=$VERLTOOL_SRC is not a checkout of TIGER-AI-Lab/verl-tool" \
+             "(no pyproject.toml or verl_tool/servers)" >&2
         exit 1
     fi
     source="$VERLTOOL_SRC"
 else
-    echo "setup_verltool: verl-tool is not on the package index this machine reaches, and VERLTOOL_SRC is not set;" >&2
-    echo "  give a checkout (VERLTOOL_SRC=/path/to/verl-tool), or use bench_seed_wire.py's reproduction row." >&2
-    exit 1
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    if "$PY" -m pip download --no-deps --quiet verl-tool -d "$tmp" >/dev/null 2>&1; then
+        source="verl-tool"
+    else
+        echo "setup_verltool: verl-tool is not on the package index this machine reaches; give a checkout:" >&2
+        echo "  git clone https://github.com/TIGER-AI-Lab/verl-tool && VERLTOOL_SRC=\$PWD/verl-tool $0" >&2
+        exit 1
+    fi
 fi
 
-"$PY" -m venv "$VENV"
-# its server: FastAPI + uvicorn + fire; the crop tool needs Pillow and qwen_vl_utils (a declared dependency)
-"$VENV/bin/pip" install --quiet fastapi uvicorn httpx fire pillow
-"$VENV/bin/pip" install --quiet "$source"
-"$VENV/bin/python" -c "import verl_tool.servers.serve" && echo "setup_verltool: verl-tool's server is in $VENV ($source)"
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# What verl-tool's pins leave open and resolve wrongly today (found by installing it, 2026-12-07): its bundled
+# verl imports AutoModelForVision2Seq (gone in transformers 5) and needs numpy < 2, which the newest pyarrow
+# and datasets refuse; cachetools and openai are imported by its agent loop without being declared.
+pins="$VENV/verltool-constraints.txt"
+printf '%s\n' "transformers<5" "numpy<2" "pyarrow>=19,<20" "datasets<4" > "$pins"
+# shellcheck disable=SC2086
+"$VENV/bin/pip" install --quiet -c "$pins" $TORCH_PAIR
+if [ -n "${VERLTOOL_SRC:-}" ] && [ -f "$VERLTOOL_SRC/verl/setup.py" ]; then
+    "$VENV/bin/pip" install --quiet -c "$pins" "$VERLTOOL_SRC/verl"   # the verl verl-tool pins (its submodule)
+fi
+# verl-tool's declared dependencies but pyext (its python_oj tool's; it no longer builds on Python >= 3.11:
+# inspect.getargspec is gone), then verl-tool itself without them
+if [ -n "${VERLTOOL_SRC:-}" ]; then
+    "$VENV/bin/python" - "$VERLTOOL_SRC/pyproject.toml" > "$VENV/verltool-deps.txt" <<'PY'
+import sys, tomllib
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+print("\n".join(d for d in deps if not d.lower().startswith("pyext")))
+PY
+    "$VENV/bin/pip" install --quiet -c "$pins" -r "$VENV/verltool-deps.txt" fastapi "uvicorn[standard]" httpx regex \
+        cachetools openai
+    "$VENV/bin/pip" install --quiet --no-deps -e "$source"   # editable, as its README installs it: its
+    # pyproject lists the package "verl_tool" alone, so a plain install leaves out verl_tool.servers
+else
+    "$VENV/bin/pip" install --quiet -c "$pins" "$source" fastapi "uvicorn[standard]" httpx regex cachetools openai
+fi
+"$VENV/bin/python" -c "import verl_tool.servers.serve, verl_tool.servers.tools.pixel_reasoner" \
+    && echo "setup_verltool: verl-tool's server and crop tool import in $VENV ($source)"

@@ -30,8 +30,9 @@ PRESENCE = re.compile(r"Is there a lesion in the (.+)\?")
 FOUND_LABEL = re.compile(r"\(([^(),]+), score [0-9.]+\)")
 
 
-def disagreements(args, build: int) -> list:
-    """The val presence questions on which the tool's two readings disagree (tool build ``build``)."""
+def disagreements(args, build: int, split: str = "val") -> list:
+    """The presence questions of ``split`` (val: its first ``val_size``; train: all) on which the
+    tool's two readings disagree (tool build ``build``)."""
     from medvqa_env.config import parse_options
     from medvqa_env.env import MedVQAEnv
     from train.common import env_kwargs, select_indices
@@ -39,11 +40,12 @@ def disagreements(args, build: int) -> list:
     from train.sft import gold_tool_call
 
     options = parse_options(args.dataset_opt, "--dataset-opt")
-    env = MedVQAEnv(**env_kwargs(args.dataset, "val", args.tools, 1, options, reward="rule",
+    env = MedVQAEnv(**env_kwargs(args.dataset, split, args.tools, 1, options, reward="rule",
                                  tool_options=[f"{name}.seed={build}" for name in trained_tools(args)]))
     out = []
     try:
-        for i in select_indices(args.dataset, "val", args.answer_types, limit=args.val_size, dataset_options=options):
+        for i in select_indices(args.dataset, split, args.answer_types, limit=args.val_size if split == "val" else None,
+                                dataset_options=options):
             record = env.dataset[i]
             match = PRESENCE.match(record.question)
             call = gold_tool_call(record, env.toolbox.names)

@@ -8,7 +8,10 @@ questions. Each lever changes one thing:
 * ``group16``: 16 rollouts per group instead of 8 (the same questions per step);
 * ``steps60``: 60 steps instead of 30;
 * ``guidance2``: 2 of each group's 8 rollouts are train.sft's gold demonstrations (LUFFY-like);
-* ``bonus``: a reward bonus of 0.2 for a tool call paid only when the answer is right (DeepEyes).
+* ``bonus``: a reward bonus of 0.2 for a tool call paid only when the answer is right (DeepEyes);
+* ``oversample4``: the train split's disagreement questions (found the same way, on train, from the
+  seed's own build) drawn 4 times as often as the rest (``train.grpo --oversample``; the factor fixed
+  in advance, not tuned).
 
 Each run's val answers are stored; the figures are recomputed from them: val accuracy, accuracy on
 the **disagreement questions** (val presence questions where the tool's two readings -- "a box
@@ -39,7 +42,9 @@ LEVERS = {  # name -> (protocol settings changed, extra train.grpo flags)
     "steps60": ({"grpo_steps": 60}, []),
     "guidance2": ({}, ["--guidance", "2"]),
     "bonus": ({}, ["--reward", BONUS]),
+    "oversample4": ({}, ["--oversample", "{run}/lever_train_disagreements_b{build}.json:4"]),
 }
+"""Extra flags may name ``{run}`` (the protocol folder) and ``{build}`` (the seed's tool build)."""
 
 
 def train_levers(run: Path, levers: list[str], seeds: list[int], dest: Path) -> None:
@@ -53,14 +58,16 @@ def train_levers(run: Path, levers: list[str], seeds: list[int], dest: Path) -> 
     warm = {build_of(args, s): json.loads(warm_names(run, build_of(args, s))[2].read_text()) for s in seeds}
     for seed in seeds:
         build = build_of(args, seed)
-        path = run / f"lever_disagreements_b{build}.json"
-        if not path.is_file():
-            path.write_text(json.dumps(sorted(r.id for r in disagreements(args, build))) + "\n")
+        for split, name in (("val", "lever_disagreements"), ("train", "lever_train_disagreements")):
+            path = run / f"{name}_b{build}.json"
+            if not path.is_file() and (split == "val" or any("{build}" in f for lv in levers for f in LEVERS[lv][1])):
+                path.write_text(json.dumps(sorted(r.id for r in disagreements(args, build, split))) + "\n")
     for lever in levers:
         changed, extra = LEVERS[lever]
         for seed in seeds:
+            flags = [f.replace("{run}", str(run)).replace("{build}", str(build_of(args, seed))) for f in extra]
             reward_trained_run(replace(args, **changed), run, f"lever_{lever}", "grpo", seed, warm,
-                               split="val", extra=extra)
+                               split="val", extra=flags)
     export(run, dest, only="lever")
 
 

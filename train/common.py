@@ -204,7 +204,7 @@ MAY_CHANGE_ON_RESUME = frozenset({
 })
 """Settings that do not change what is learned; anything else differing refuses a resume."""
 
-NEW_SETTINGS = frozenset({"format_penalty", "misread_share", "guidance"})
+NEW_SETTINGS = frozenset({"format_penalty", "misread_share", "guidance", "oversample"})
 """Settings added after runs were recorded: a record without one ran with its default."""
 
 

@@ -15,11 +15,13 @@ settings refuses and lists them (``--allow-changed`` accepts them).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -120,6 +122,9 @@ class Args:
     """off-policy guidance (issue 46's lever, LUFFY-like): this many of each group's ``group_size`` rollouts
     are train.sft's gold demonstration instead of the policy's samples, rewarded by the env like the rest
     and trained on as if sampled (ratio 1, no importance weight); rollout metrics count the policy's own"""
+    oversample: str = ""
+    """issue 46's lever: ``FILE:K`` draws the train questions whose record ids FILE (a JSON list) names K
+    times as often as the others; "" (the default) draws every question alike"""
     max_new_tokens: int = 40
     """tokens per generated turn"""
     temperature: float = 1.0
@@ -260,12 +265,43 @@ def sample_groups(generator, guide, pool, encoder, items, group_size: int, guida
                         batch.prompts + demos.prompts, timings)
 
 
-def sample_questions(train_idx, n: int, seed: int, step: int, round_: int = 0) -> list[tuple[int, int]]:
+def sample_questions(train_idx, n: int, seed: int, step: int, round_: int = 0,
+                     weights: np.ndarray | None = None) -> list[tuple[int, int]]:
     """``n`` ``(env seed, dataset index)`` pairs for generation round ``round_`` of ``step``
-    (round 0 draws what the trainer always drew; later rounds are DAPO's refills)."""
+    (round 0 draws what the trainer always drew; later rounds are DAPO's refills); ``weights``
+    (:func:`question_weights`), when given, are the questions' probabilities."""
     rng = np.random.default_rng([seed, step] + ([round_] if round_ else []))
-    chosen = rng.choice(train_idx, size=n, replace=len(train_idx) < n)
+    if weights is None:  # the draw every run before --oversample made, unchanged
+        chosen = rng.choice(train_idx, size=n, replace=len(train_idx) < n)
+    else:
+        chosen = rng.choice(train_idx, size=n, replace=len(train_idx) < n, p=weights)
     return [(seed * 100_003 + step + 1_000_003 * round_, int(i)) for i in chosen]
+
+
+def question_weights(spec: str, records: Sequence, train_idx: Sequence[int]) -> np.ndarray | None:
+    """``--oversample FILE:K``'s draw probabilities over ``train_idx`` (``records[i].id`` named in FILE:
+    weight K, the rest 1); ``None`` for ""."""
+    if not spec:
+        return None
+    path, sep, factor = str(spec).rpartition(":")
+    try:
+        k = float(factor)
+    except ValueError:
+        k = float("nan")
+    if not sep or not path or not (k >= 1 and np.isfinite(k)):
+        raise ConfigError(f"expected --oversample FILE:K with K a number >= 1, got {spec!r}")
+    try:
+        ids = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--oversample: cannot read a JSON list of record ids from {path}: {e}") from None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ConfigError(f"--oversample: expected {path} to hold a JSON list of record ids (strings)")
+    named = set(ids)
+    weights = np.array([k if records[i].id in named else 1.0 for i in train_idx])
+    if not (weights > 1).any() and k > 1:
+        raise ConfigError(f"--oversample: none of the {len(named)} record ids in {path} is a question of this run's "
+                          "train split")
+    return weights / weights.sum()
 
 
 def shaped_rewards(batch, algo, args) -> torch.Tensor:
@@ -323,6 +359,9 @@ def main(args: Args) -> dict[str, float] | int:
     train_idx = select_indices(args.dataset, args.split, args.answer_types, dataset_options=dataset_options)
     eval_idx = select_indices(args.dataset, args.eval_split, args.answer_types, limit=args.eval_size,
                               dataset_options=dataset_options)
+    weights = (question_weights(args.oversample, load_dataset(args.dataset, split=args.split,
+                                                              **parse_options(dataset_options, "--dataset-opt")),
+                                train_idx) if args.oversample else None)
     n_slots = args.prompts_per_step * args.group_size
     # one pool = one reward object for the run (its ARMed thresholds move once per step) and a
     # toolbox per worker; the held-out pool's reward stays frozen, so evaluations are comparable
@@ -369,7 +408,7 @@ def main(args: Args) -> dict[str, float] | int:
     metrics: dict[str, float] = {}
     try:
         metrics = _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, guide, pool, eval_pool,
-                        train_idx, eval_idx, n_slots, state, logger, saved, answers_path)
+                        train_idx, eval_idx, n_slots, state, logger, saved, answers_path, weights)
     except KeyboardInterrupt:
         logger.close(finished=False)
         write_curves(out, f"train.grpo {args.algo}")
@@ -400,7 +439,7 @@ def _interrupted(prog: str, out: Path, step: int) -> int:
 
 
 def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator, guide, pool, eval_pool, train_idx,
-          eval_idx, n_slots, state, logger, saved, answers_path) -> dict[str, float]:
+          eval_idx, n_slots, state, logger, saved, answers_path, weights=None) -> dict[str, float]:
     """The training steps: rollout -> advantages -> update -> log/evaluate/checkpoint; the last step's metrics."""
     t_start = time.perf_counter() - float(state.get("wall_s", 0.0))
     metrics: dict[str, float] = {}
@@ -410,7 +449,7 @@ def _loop(bar, args, out, algo, model, reference, encoder, optimizer, generator,
         t0 = time.perf_counter()
 
         def sample_round(r: int, step: int = step):
-            items = sample_questions(train_idx, args.prompts_per_step, args.seed, step, r)
+            items = sample_questions(train_idx, args.prompts_per_step, args.seed, step, r, weights)
             return sample_groups(generator, guide, pool, encoder, items, args.group_size, args.guidance, n_slots)
 
         has_spread = (lambda b: dynamic_sampling_keep(shaped_rewards(b, algo, args), b.group_index))

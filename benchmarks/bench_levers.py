@@ -97,7 +97,8 @@ def derive(runs: Path) -> tuple[dict, str]:
         on_hard = [right[i] for i in right if i in hard]
         by_lever.setdefault(lever, {})[int(seed)] = {
             "val": sum(right.values()) / len(right), "hard": sum(on_hard) / len(on_hard) if on_hard else float("nan"),
-            "hard_questions": len(on_hard), "call_rate_last": rates[-1] if rates else None, "build": build}
+            "hard_questions": len(on_hard), "call_rate_last": rates[-1] if rates else None, "build": build,
+            "right": right, "hard_ids": hard}
     fig: dict = {}
     lines = ["| lever | seeds | val accuracy, mean [95% CI] | − none, paired [95% CI] | accuracy on the disagreement "
              "questions | − none, paired [95% CI] | sampled call rate, last step |", "|---|---:|---|---|---|---|---:|"]
@@ -121,6 +122,18 @@ def derive(runs: Path) -> tuple[dict, str]:
                 row.append(f"{diff['difference']:+.3f} [{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]")
             else:
                 row.append("–")
+        if lever != "none":  # answers turned right / wrong against none, per seed: reading the organ would gain on the
+            for part in ("hard", "easy"):  # disagreement questions and lose nothing elsewhere; a shift of prior loses there
+                gained, lost = [], []
+                for s, v in sorted(seeds.items()):
+                    if s not in base:
+                        continue
+                    was = base[s]["right"]
+                    ids = [i for i in v["right"] if i in was and ((i in v["hard_ids"]) == (part == "hard"))]
+                    gained.append(sum(v["right"][i] and not was[i] for i in ids))
+                    lost.append(sum(was[i] and not v["right"][i] for i in ids))
+                fig[f"{lever}.{part}.turned_right_per_seed"] = ", ".join(map(str, gained))
+                fig[f"{lever}.{part}.turned_wrong_per_seed"] = ", ".join(map(str, lost))
         rates = [v["call_rate_last"] for v in seeds.values() if v["call_rate_last"] is not None]
         fig[f"{lever}.call_rate_last"] = sum(rates) / len(rates) if rates else None
         fig[f"{lever}.seeds"] = len(seeds)

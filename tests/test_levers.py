@@ -82,6 +82,8 @@ def test_the_figures_are_the_stored_answers_overall_and_on_the_disagreement_ques
     assert fig["guidance2.hard.minus_none.difference"] == pytest.approx(1.0)
     assert fig["guidance2.val.minus_none.difference"] == pytest.approx(0.0)
     assert fig["hard_questions_min"] == fig["hard_questions_max"] == 1
+    assert fig["guidance2.hard.turned_right_per_seed"] == "1, 1, 1" and fig["guidance2.hard.turned_wrong_per_seed"] == "0, 0, 0"
+    assert fig["guidance2.easy.turned_right_per_seed"] == "0, 0, 0" and fig["guidance2.easy.turned_wrong_per_seed"] == "1, 1, 1"
     assert "| guidance2 | 3 |" in table and "| none | 3 |" in table
 
 

@@ -910,7 +910,7 @@ def export(out: Path, dest: Path, only: str = "") -> None:
 
     dest.mkdir(parents=True, exist_ok=True)
     top = [p for p in out.iterdir() if p.is_file() and (p.name in ("protocol.json", "runs.jsonl", "answer_baselines.json")
-                                                         or p.name.startswith(("warm_start", "tool_outputs", "kl_choice", "lever_disagreements")))
+                                                         or p.name.startswith(("warm_start", "tool_outputs", "kl_choice", "lever_disagreements", "lever_train_disagreements")))
            and (p.name.startswith(only) or p.name == "runs.jsonl")]
     for path in top:
         text = path.read_text()

@@ -76,6 +76,7 @@ def derive(runs: Path) -> tuple[dict, str]:
 
     acc: dict[str, dict[int, float]] = {}
     calls: dict[str, list[float]] = {}
+    answered: dict[str, list[float]] = {}
     questions = set()
     for folder in sorted(runs.glob("ood_*_s*")):
         row, seed = folder.name.removeprefix("ood_").rsplit("_s", 1)
@@ -83,10 +84,11 @@ def derive(runs: Path) -> tuple[dict, str]:
         questions.add(len(right))
         acc.setdefault(row, {})[int(seed)] = sum(right.values()) / len(right)
         metrics = json.loads((folder / "eval.json").read_text())["metrics"]
-        calls.setdefault(row, []).append(float(metrics.get("calls_per_episode", float("nan"))))
+        calls.setdefault(row, []).append(float(metrics.get("eval/calls_per_episode", float("nan"))))
+        answered.setdefault(row, []).append(float(metrics.get("eval/answered", float("nan"))))
     fig: dict = {"questions": max(questions) if questions else 0}
-    lines = ["| run | seeds | test_ood accuracy, mean [95% CI] | per seed | greedy tool calls / ep | GRPO − run, paired [95% CI] |",
-             "|---|---:|---|---|---:|---|"]
+    lines = ["| run | seeds | test_ood accuracy, mean [95% CI] | per seed | greedy tool calls / ep | answered (boxed), per seed "
+             "| GRPO − run, paired [95% CI] |", "|---|---:|---|---|---:|---|---|"]
     beats = []
     for row in ROWS:
         values = acc.get(row)
@@ -96,6 +98,7 @@ def derive(runs: Path) -> tuple[dict, str]:
         fig[f"{row}.mean"], fig[f"{row}.seeds"] = mean, len(values)
         fig[f"{row}.per_seed"] = ", ".join(f"{v:.3f}" for _, v in sorted(values.items()))
         fig[f"{row}.calls_per_episode"] = sum(calls[row]) / len(calls[row])
+        fig[f"{row}.answered_per_seed"] = ", ".join(f"{v:.2f}" for v in answered[row])
         cell = "–"
         if row != "grpo" and "grpo" in acc:
             c = compare(acc["grpo"], values)
@@ -107,7 +110,7 @@ def derive(runs: Path) -> tuple[dict, str]:
                 beats.append(bool(d["beats"]))
         interval = f"{mean:.3f} [{low:.3f}, {high:.3f}]" if len(values) > 1 else f"{mean:.3f}"
         lines.append(f"| {LABELS[row]} | {len(values)} | {interval} | {fig[f'{row}.per_seed']} | "
-                     f"{fig[f'{row}.calls_per_episode']:.2f} | {cell} |")
+                     f"{fig[f'{row}.calls_per_episode']:.2f} | {fig[f'{row}.answered_per_seed']} | {cell} |")
     fig["beats_every_baseline"] = bool(beats) and all(beats)
     fig["table"] = "\n".join(lines)
     return fig, "\n".join(lines)

@@ -64,12 +64,15 @@ BOX = (64, 64, 181, 181)
 JPEG_168 = {"max_side": 168, "format": "jpeg", "quality": 75}
 GROUP = 8
 VERLTOOL_PY = ROOT / ".venv-verltool" / "bin" / "python"
+VERL_CROP = {"format": "jpeg", "quality": 75}
 LABELS = {"ours_today": "ours, today", "ours_168": "ours, `observation_image` 168 px JPEG",
+          "ours_verl_crop": "ours, `crop_style=verl_tool`, JPEG",
           "verltool_tool_server": "verl-tool `tool_server`", "verltool_serve": "verl-tool `serve` (router + workers)",
           "verltool_repro": "verl-tool crop (reproduction)",
           "floor_zoom336png": "floor: today's zoom work", "floor_zoom168jpeg": "floor: the 168 px JPEG zoom work",
           "floor_crop168jpeg": "floor: verl-tool's crop work"}
-FLOOR_OF = {"ours_today": "floor_zoom336png", "ours_168": "floor_zoom168jpeg", "verltool_tool_server": "floor_crop168jpeg",
+FLOOR_OF = {"ours_today": "floor_zoom336png", "ours_168": "floor_zoom168jpeg", "ours_verl_crop": "floor_crop168jpeg",
+            "verltool_tool_server": "floor_crop168jpeg",
             "verltool_serve": "floor_crop168jpeg", "verltool_repro": "floor_crop168jpeg"}
 
 
@@ -83,7 +86,8 @@ def rows_of(real: bool) -> dict[str, tuple[str, str]]:
     rows = {"ours_today": ("ours_today", "/get_observation"),
             "floor_zoom336png": ("floor", "/get_observation?work=zoom336png"),
             "ours_168": ("ours_168", "/get_observation"),
-            "floor_zoom168jpeg": ("floor", "/get_observation?work=zoom168jpeg")}
+            "floor_zoom168jpeg": ("floor", "/get_observation?work=zoom168jpeg"),
+            "ours_verl_crop": ("ours_verl_crop", "/get_observation")}
     rows.update({row: (row, "/get_observation") for row in verltool_rows(real)})
     rows["floor_crop168jpeg"] = ("floor", "/get_observation?work=crop168jpeg")
     return rows
@@ -91,7 +95,7 @@ def rows_of(real: bool) -> dict[str, tuple[str, str]]:
 
 def load_rows(real: bool) -> tuple[str, ...]:
     """Rows measured for throughput, the group and memory (the floor once: its 168 px JPEG zoom work)."""
-    return ("ours_today", "ours_168", *verltool_rows(real))
+    return ("ours_today", "ours_168", "ours_verl_crop", *verltool_rows(real))
 
 
 def images(vqa_rad: str | None, n: int):
@@ -319,6 +323,9 @@ def start(name: str, scratch: Path) -> Proc:
         return Proc(name, serve, env=ours_env)
     if name == "ours_168":
         return Proc(name, serve + ["--tool-opt", f"image_zoom_in.observation_image={json.dumps(JPEG_168)}"], env=ours_env)
+    if name == "ours_verl_crop":
+        return Proc(name, serve + ["--tool-opt", "image_zoom_in.crop_style=verl_tool",
+                                   "--tool-opt", f"image_zoom_in.observation_image={json.dumps(VERL_CROP)}"], env=ours_env)
     if name in ("verltool_tool_server", "verltool_serve"):
         module = "verl_tool.servers.tool_server" if name == "verltool_tool_server" else "verl_tool.servers.serve"
         folder = scratch / name
@@ -370,7 +377,7 @@ def returned(raw: bytes) -> dict:
     url = o["image"][0] if isinstance(o["image"], list) else o["image"]
     data = base64.b64decode(url.split(",", 1)[1])
     im = Image.open(io.BytesIO(data))
-    return {"size": f"{im.width}x{im.height}", "format": im.format, "bytes": len(data)}
+    return {"size": f"{im.width}x{im.height}", "format": im.format, "bytes": len(data), "pixels": im.convert("RGB")}
 
 
 def latency(procs, rows, url, n):
@@ -502,6 +509,13 @@ def main(argv: list[str] | None = None) -> None:
             proc.wait()
         for row, r in latency(procs, rows, upload_url(pictures[0]), args.calls).items():
             results[row].update(r)
+        import numpy as np  # the first call's returned pixels: does our verl-tool-style crop show what verl-tool's does?
+
+        pixels = {row: np.asarray(results[row].pop("pixels"), dtype=np.int16) for row in rows}
+        for vrow in verltool_rows(real):
+            a, b = pixels["ours_verl_crop"], pixels[vrow]
+            results["ours_verl_crop"][f"max_pixel_diff_vs_{vrow.removeprefix('verltool_')}"] = (
+                int(np.abs(a - b).max()) if a.shape == b.shape else -1)
         for k, clients in enumerate((8, 32)):
             per = 2 if args.quick else (args.per_client or max(2, 256 // clients))
             bursts: dict[str, list[float]] = {}
@@ -573,30 +587,32 @@ def report(results: dict, rows: dict, real: bool, args) -> None:
         lines.append(f"| {LABELS[row]} | {r['size']} {r['format']}, {r['bytes'] / 1024:.1f} kB | {r['latency_ms']:.2f} "
                      f"({r['latency_p10_ms']:.2f}) | {r['cpu_ms']:.2f} | {over} | {load} | {mem} |")
         figures.update({f"{row}.{k}": v for k, v in r.items()})
-    ours = results["ours_168"]
+    ours, same = results["ours_168"], results["ours_verl_crop"]
     goals = []
-    for vrow in verl_rows:
-        verl, name = results[vrow], LABELS[vrow]
-        tag = vrow.removeprefix("verltool_")
-        pairs = [
-            (f"per-call latency, ours 168 px JPEG / {name}", f"latency_vs_{tag}", ours["latency_ms"] / verl["latency_ms"], "≤ 1.00×"),
-            ("the same, p10 of the calls", f"latency_p10_vs_{tag}", ours["latency_p10_ms"] / verl["latency_p10_ms"], "≤ 1.00×"),
-            ("server CPU per call, the same", f"cpu_vs_{tag}", ours["cpu_ms"] / max(verl["cpu_ms"], 1e-9), "≤ 1.00×"),
-            (f"throughput at 8 clients, ours 168 px JPEG / {name}", f"throughput_8_vs_{tag}",
-             ours["throughput_8"] / verl["throughput_8"], "≥ 1.00×"),
-            ("throughput at 32 clients, the same", f"throughput_32_vs_{tag}", ours["throughput_32"] / verl["throughput_32"],
-             "≥ 1.00×"),
-        ]
-        goals += pairs
-    goals.append(("a group of 8 identical turns, ours 168 px JPEG", "group_ours", ours["group_ratio"], "≤ 1.50×"))
+    for mine, label, prefix in ((same, "ours, verl-tool's crop", ""), (ours, "ours, 168 px zoom", "zoom168_")):
+        for vrow in verl_rows:
+            verl, name = results[vrow], LABELS[vrow]
+            tag = prefix + vrow.removeprefix("verltool_")
+            goals += [
+                (f"per-call latency, {label} / {name}", f"latency_vs_{tag}", mine["latency_ms"] / verl["latency_ms"], "≤ 1.00×"),
+                ("the same, p10 of the calls", f"latency_p10_vs_{tag}", mine["latency_p10_ms"] / verl["latency_p10_ms"],
+                 "≤ 1.00×"),
+                ("server CPU per call, the same", f"cpu_vs_{tag}", mine["cpu_ms"] / max(verl["cpu_ms"], 1e-9), "≤ 1.00×"),
+                ("throughput at 8 clients, the same", f"throughput_8_vs_{tag}", mine["throughput_8"] / verl["throughput_8"],
+                 "≥ 1.00×"),
+                ("throughput at 32 clients, the same", f"throughput_32_vs_{tag}",
+                 mine["throughput_32"] / verl["throughput_32"], "≥ 1.00×"),
+            ]
+    goals.append(("a group of 8 identical turns, ours, verl-tool's crop", "group_ours", same["group_ratio"], "≤ 1.50×"))
+    goals.append(("a group of 8 identical turns, ours, 168 px zoom", "group_zoom168", ours["group_ratio"], "≤ 1.50×"))
     figures.update({key: v for _, key, v, _ in goals})
     lines += ["", "| goal (issue 47) | measured | goal |", "|---|---:|---|"]
     lines += [f"| {what} | {v:.2f}× | {goal} |" for what, _, v, goal in goals]
-    for row in ("ours_168", *verl_rows):
+    for row in ("ours_verl_crop", "ours_168", *verl_rows):
         r = results[row]
         lines.append(f"| RSS growth from {r['memory_turns'] // 2} to {r['memory_turns']} turns without `finish`, "
                      f"{LABELS[row]} | {r['memory_growth_half_to_end_mb']:+.1f} MB | "
-                     f"{'flat' if row == 'ours_168' else '—'} |")
+                     f"{'flat' if row.startswith('ours') else '—'} |")
     verl_note = (
         "*verl-tool*: its own servers, unmodified (a checkout's `verl_tool/servers`, installed with "
         "`scripts/setup_verltool.sh` in `.venv-verltool`), `--tool_type pixel_reasoner`, other settings at their "
@@ -605,8 +621,13 @@ def report(results: dict, rows: dict, real: bool, args) -> None:
         "*verl-tool crop (reproduction)*: not verl-tool's server (`.venv-verltool` missing): a FastAPI app written for "
         "this benchmark that returns what its crop tool returns and keeps every trajectory's images until `finish`; "
         "verl-tool's serving machinery is not reproduced, so its figures are a floor for verl-tool's own.")
-    lines += ["", verl_note + " Our zoom enlarges the 117 px box to 168 px; verl-tool pads it to 168 px and "
-              "crops. Our server answers a group's identical turns once (`ObservationShare`: "
+    diffs = ", ".join(f"{v} against {LABELS['verltool_' + k.removeprefix('max_pixel_diff_vs_')]}"
+                      for k, v in same.items() if k.startswith("max_pixel_diff_vs_"))
+    lines += ["", verl_note + " *ours, `crop_style=verl_tool`*: our zoom cropping as verl-tool's does (the box grown "
+              "by 10 % of the image a side, sides rounded to multiples of 28; `--tool-opt image_zoom_in.crop_style="
+              f"verl_tool`), JPEG quality 75: the same work and image; largest pixel difference of the first call's "
+              f"returned image: {diffs or '—'}. *ours, 168 px zoom*: our own zoom, which enlarges the 117 px box to "
+              "168 px. Our server answers a group's identical turns once (`ObservationShare`: "
               f"{ours.get('observations_shared')} turns shared in this run) and keeps at most 1,024 live trajectories "
               "(`TrajectoryObserver`, LRU), so its RSS stops growing past them. Wall times on this shared 2-core VM "
               "move with its load (recorded with the results); the server-CPU column moves less. "

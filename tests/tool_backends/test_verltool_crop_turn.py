@@ -76,3 +76,36 @@ def test_serve_renames_a_tool_and_answers_verl_tool_s_crop_turn(crop_server):
         "trajectory_ids": ["vt-1"], "actions": [_turn([0, 0, 84, 84], 0)], "finish": [False],
         "extra_fields": [{}]}).json()
     assert turn3["valids"] == [False] and "from 1" in json.dumps(turn3["observations"][0])
+
+
+# ---- crop_style="verl_tool": the pixels a checkpoint trained against verl-tool's crop saw ---------------
+def _scan(w=256, h=256):
+    yy, xx = np.mgrid[:h, :w]
+    return Image.fromarray((128 + 60 * np.sin(xx / 5.0) * np.cos(yy / 9.0)).astype(np.uint8)).convert("RGB")
+
+
+def test_verl_tool_crop_style_pads_the_box_and_keeps_its_size_when_it_is_a_multiple_of_28():
+    image = _scan()
+    tool = build_tool("image_zoom_in", crop_style="verl_tool")
+    result = tool([image], {"bbox_2d": [64, 64, 181, 181]})
+    assert result.data["region"] == [38, 38, 206, 206]  # grown by 25.6 px a side, ends truncated
+    assert result.images[0].size == (168, 168)
+    assert result.images[0].tobytes() == image.crop((38, 38, 206, 206)).tobytes()  # no resample at all
+
+
+def test_verl_tool_crop_style_rounds_other_sizes_to_multiples_of_28():
+    image = _scan()
+    result = build_tool("image_zoom_in", crop_style="verl_tool")([image], {"bbox_2d": [100, 100, 130, 110]})
+    (x0, y0, x1, y1), size = result.data["region"], result.images[0].size
+    assert (x0, y0, x1, y1) == (74, 74, 155, 135) and size == (84, 56)  # 81x61 -> the nearest multiples of 28
+    want = image.crop((x0, y0, x1, y1)).resize(size, Image.Resampling.BICUBIC)
+    assert result.images[0].tobytes() == want.tobytes()
+    # the zoom's own style is unchanged: the box grown to min_size and enlarged to a short side of 336
+    assert build_tool("image_zoom_in")([image], {"bbox_2d": [64, 64, 181, 181]}).images[0].size == (336, 336)
+
+
+def test_an_unknown_crop_style_is_refused_with_the_choices():
+    from medvqa_env.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="verl_tool"):
+        build_tool("image_zoom_in", crop_style="verltool")

@@ -18,7 +18,6 @@ from __future__ import annotations
 from medvqa_env.cli import ArgumentParser  # noqa: E402 - the project's one CLI library
 import gzip
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def policy_of(run: Path, row: str, seed: int, build: int) -> Path:
 
 def evaluate_rows(run: Path, seeds: list[int], eval_size: int, dest: Path) -> None:
     """``train.evaluate`` of every row's policy on test_ood (finished ones skipped), then export the answers."""
-    from train.protocol import _common, build_of, recorded_args
+    from train.protocol import _common, build_of, export, recorded_args
     from train.protocol import run as run_module
 
     args = recorded_args(json.loads((run / "protocol_args.json").read_text()), run)
@@ -54,15 +53,7 @@ def evaluate_rows(run: Path, seeds: list[int], eval_size: int, dest: Path) -> No
             run_module(run, name, "train.evaluate", ["--policy", str(policy_of(run, row, seed, build)), "--split",
                                                      "test_ood", "--eval_size", str(eval_size),
                                                      "--out", str(run / name / "eval.json"), *common])
-    dest.mkdir(parents=True, exist_ok=True)
-    for folder in sorted(run.glob("ood_*_s*")):
-        if not (folder / "DONE").is_file():
-            continue
-        (dest / folder.name).mkdir(exist_ok=True)
-        shutil.copy(folder / "eval.json", dest / folder.name / "eval.json")
-        shutil.copy(folder / "DONE", dest / folder.name / "DONE")
-        (dest / folder.name / "eval.answers.jsonl.gz").write_bytes(
-            gzip.compress((folder / "eval.answers.jsonl").read_bytes(), mtime=0))
+    export(run, dest, only="ood")  # the protocol's own export: paths made relative, answers gzipped
 
 
 def stored_answers(folder: Path) -> dict[str, bool]:

@@ -479,7 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=2400, help="turns without finish for the memory check (10000: full)")
     p.add_argument("--vqa-rad", default=str(ROOT.parent / "shared" / "data" / "vqa_rad"))
     p.add_argument("--reproduction", action="store_true",
-                   help="measure the verl-tool reproduction even where verl-tool's venv is there")
+                   help="measure the verl-tool reproduction instead of verl-tool's own servers (without .venv-verltool "
+                        "the benchmark exits 1 unless given)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few calls, nothing recorded")
     p.add_argument("--results", default=None, help="where to keep the results (default benchmarks/results)")
     args = p.parse_args(argv)
@@ -491,9 +492,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.calls, args.rounds, args.turns, args.bursts = 10, 2, 200, 1
     real = VERLTOOL_PY.is_file() and not args.reproduction
+    if not real and not (args.reproduction or args.quick):  # the recorded figures compare with verl-tool's own
+        print(f"bench_seed_wire: {VERLTOOL_PY} is missing (VERLTOOL_SRC=/path/to/verl-tool scripts/setup_verltool.sh "
+              "makes it); the previous results are kept. --reproduction measures the reproduction row instead.",
+              file=sys.stderr)
+        return 1
     if not real:
-        print(f"bench_seed_wire: {VERLTOOL_PY} is missing (VERLTOOL_SRC=... scripts/setup_verltool.sh makes it), "
-              "so verl-tool's rows are the reproduction's", file=sys.stderr)
+        print("bench_seed_wire: verl-tool's rows are the reproduction's", file=sys.stderr)
     rows, loaded = rows_of(real), load_rows(real)
     # one image for the latency, a fresh one per throughput burst and per group round, four for memory:
     # no call is answered from a server's cache (ours keeps results by image and box)
@@ -639,4 +644,4 @@ def report(results: dict, rows: dict, real: bool, args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -117,3 +117,14 @@ def test_a_bad_oversample_setting_says_what_is_wrong(tmp_path, spec, message):
     spec = spec.format(p=tmp_path / "ids.json", missing=tmp_path / "nope.json", other=tmp_path / "other.json")
     with pytest.raises(ConfigError, match=message):
         grpo.question_weights(spec, [SimpleNamespace(id=f"q{i}") for i in range(3)], [0, 1, 2])
+
+
+def test_a_run_record_names_the_oversampled_ids_by_content(tmp_path):
+    from train.common import resolved_config
+
+    (tmp_path / "ids.json").write_text(json.dumps(["q1"]))
+    first = resolved_config(grpo.Args(out=str(tmp_path / "r"), oversample=f"{tmp_path}/ids.json:4"))["resolved"]
+    (tmp_path / "ids.json").write_text(json.dumps(["q2"]))  # the same path, other questions: another record
+    second = resolved_config(grpo.Args(out=str(tmp_path / "r"), oversample=f"{tmp_path}/ids.json:4"))["resolved"]
+    assert len(first["oversample_ids_sha256"]) == 64 and first["oversample_ids_sha256"] != second["oversample_ids_sha256"]
+    assert "oversample_ids_sha256" not in resolved_config(grpo.Args(out=str(tmp_path / "r")))["resolved"]

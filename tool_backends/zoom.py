@@ -46,7 +46,11 @@ def verl_tool_box(box: tuple[int, int, int, int], size: tuple[int, int], padding
 def qwen_vl_size(width: int, height: int, factor: int = 28, min_pixels: int = 4 * 28 * 28,
                  max_pixels: int = 5120 * 28 * 28) -> tuple[int, int]:
     """The size a Qwen-VL image processor (and verl-tool's crop) resizes to: each side the nearest
-    multiple of ``factor`` (at least one), then scaled into ``[min_pixels, max_pixels]``.
+    multiple of ``factor`` (at least one), then scaled into ``[min_pixels, max_pixels]``. This is
+    verl-tool's ``smart_resize`` (qwen_vl_utils' copy), which floors the first rounding at one
+    ``factor``; transformers' own agrees wherever both sides are over ``factor / 2`` (tests compare
+    them) and not below. Written here: importing transformers' takes seconds and torch, which a
+    classical tool server otherwise never loads.
 
     >>> qwen_vl_size(168, 168), qwen_vl_size(150, 100), qwen_vl_size(20, 10)
     ((168, 168), (140, 112), (84, 56))

@@ -226,6 +226,11 @@ def resolved_config(args: Any) -> dict[str, Any]:
         resolved["tool_identity"] = describe_tools(resolved["tools"], dataset=getattr(args, "dataset", None))
     if hasattr(args, "reward"):
         resolved["reward"] = reward_spec(args.reward, args.reward_opt) or "default"
+    oversample = str(getattr(args, "oversample", "") or "")
+    if oversample and Path(oversample.rpartition(":")[0]).is_file():  # train.grpo --oversample: its ids by content
+        import hashlib
+
+        resolved["oversample_ids_sha256"] = hashlib.sha256(Path(oversample.rpartition(":")[0]).read_bytes()).hexdigest()
     if hasattr(args, "policy"):  # what a LoRA adapter folder names as its base
         policy = Path(args.policy).expanduser()
         resolved["base_model"] = str(policy.resolve()) if policy.is_dir() else args.policy

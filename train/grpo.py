@@ -123,8 +123,9 @@ class Args:
     are train.sft's gold demonstration instead of the policy's samples, rewarded by the env like the rest
     and trained on as if sampled (ratio 1, no importance weight); rollout metrics count the policy's own"""
     oversample: str = ""
-    """issue 46's lever: ``FILE:K`` draws the train questions whose record ids FILE (a JSON list) names K
-    times as often as the others; "" (the default) draws every question alike"""
+    """issue 46's lever: ``FILE:K`` gives the train questions whose record ids FILE (a JSON list) names K
+    times the others' draw weight (a step draws without replacement, so somewhat less than K times as
+    often); the run record names FILE's content by hash; "" (the default) draws every question alike"""
     max_new_tokens: int = 40
     """tokens per generated turn"""
     temperature: float = 1.0

@@ -109,3 +109,16 @@ def test_an_unknown_crop_style_is_refused_with_the_choices():
 
     with pytest.raises(ConfigError, match="verl_tool"):
         build_tool("image_zoom_in", crop_style="verltool")
+
+
+def test_our_multiple_of_28_size_is_transformers_smart_resize():
+    """The Qwen-VL processor's own function, with verl-tool's pixel bounds (``qwen_vl_size`` keeps a
+    classical server from importing transformers and torch for it)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    from tool_backends.zoom import qwen_vl_size
+
+    for w, h in [(168, 168), (150, 100), (20, 14), (27, 29), (4000, 3000), (6000, 6000), (81, 61), (700, 15)]:
+        assert qwen_vl_size(w, h) == smart_resize(h, w, 28, 4 * 28 * 28, 5120 * 28 * 28)[::-1], (w, h)
+    # a side of 14 px or less: verl-tool's copy keeps one multiple where transformers' rounds it to 0 and rescales
+    assert qwen_vl_size(500, 3) == (504, 28) != smart_resize(3, 500, 28, 4 * 28 * 28, 5120 * 28 * 28)[::-1]
